@@ -1,0 +1,76 @@
+# Makefile - `make` builds, `make test` builds and runs every test, `make run` trains.
+#
+#   make                 build ./train and the test binaries (Hopper: sm_90a)
+#   make test            run every test suite; GPU tests skip without a GPU; ends with
+#                        "N passed, N failed, N skipped"
+#   make run             train the default model on the visible GPU (RUN_ARGS to change it)
+#   make GPU_ARCH='-gencode=arch=compute_80,code=sm_80'   build for another architecture
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CXX       ?= g++
+GPU_ARCH  ?= -gencode=arch=compute_90a,code=sm_90a
+NVFLAGS   ?= -O3 -std=c++17 $(GPU_ARCH) -lineinfo -Xcompiler -Wall
+CXXFLAGS  ?= -O2 -std=c++17 -Wall -I$(CUDA_HOME)/include
+LDLIBS    := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lpthread
+GTEST     := -lgtest -lpthread
+
+RUN_ARGS  ?= --config llama3.2-3b --seq-len 8K --steps 30 --lr 3e-4 --task copy
+
+HEADERS   := common.h llama.h train.h
+LIB_OBJS  := build/llama.o build/attention.o
+TEST_BINS := build/tests/test_reference build/tests/test_cli build/tests/test_kernels \
+             build/tests/test_attention build/tests/test_model
+TEST_COMMON := build/tests/test_main.o build/tests/reference.o
+
+all: train $(TEST_BINS) build/bench_attention
+
+build/%.o: %.cu $(HEADERS) | build
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+build/train.o: train.cpp $(HEADERS) | build
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+build/train_lib.o: train.cpp $(HEADERS) | build
+	$(CXX) $(CXXFLAGS) -DTRAIN_NO_MAIN -c $< -o $@
+
+train: build/train.o $(LIB_OBJS)
+	$(NVCC) $(GPU_ARCH) $^ -o $@ $(LDLIBS)
+
+build/tests/%.o: tests/%.cpp $(HEADERS) tests/reference.h tests/test_util.h | build
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+build/tests/%.o: tests/%.cu $(HEADERS) tests/reference.h tests/test_util.h tests/gpu_util.h | build
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+build/tests/test_reference: build/tests/test_reference.o $(TEST_COMMON)
+	$(CXX) $^ -o $@ $(LDLIBS) $(GTEST)
+
+build/tests/test_%: build/tests/test_%.o build/train_lib.o $(LIB_OBJS) $(TEST_COMMON)
+	$(NVCC) $(GPU_ARCH) $^ -o $@ $(LDLIBS) $(GTEST)
+
+build/bench_%: build/bench/%.o build/train_lib.o $(LIB_OBJS)
+	$(NVCC) $(GPU_ARCH) $^ -o $@ $(LDLIBS)
+
+build/bench/%.o: bench/%.cu $(HEADERS) | build
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+build:
+	mkdir -p build/tests build/bench
+
+test: all
+	@bash tests/run_tests.sh $(TEST_BINS)
+
+run: train
+	./train $(RUN_ARGS)
+
+# Attention TFLOP/s of our kernels, and PyTorch SDPA side by side where PyTorch is installed.
+bench: build/bench_attention
+	build/bench_attention
+	@python3 -c 'import torch' 2>/dev/null && python3 bench/attention_vs_torch.py || echo "(PyTorch not installed: no side-by-side)"
+
+
+clean:
+	rm -rf build train
+
+.PHONY: all test run bench clean
+.SECONDARY:

@@ -1,0 +1,73 @@
+"""PyTorch SDPA (flash and cuDNN backends) on the shapes of bench/attention.cu, same GPU, same
+FLOP convention: forward 4*S*S*d*H/2 (causal), backward 2.5x forward. Median of CUDA-event
+timings after warm-up.
+
+    python3 bench/attention_vs_torch.py [--seqs 8192,16384,65536,131072] [--reps 10] [--json FILE]
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def time_ms(fn, reps):
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", default="8192,16384,65536,131072")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    rows = []
+    print(f"PyTorch {torch.__version__} SDPA on {torch.cuda.get_device_name()}, bf16, causal, head dim 128")
+    print(f"{'backend':8} {'shape':10} {'seq':>8} {'fwd ms':>9} {'fwd TF/s':>9} {'bwd ms':>9} {'bwd TF/s':>9}")
+    for name, hq, hkv in (("3B 24/8", 24, 8), ("8B 32/8", 32, 8)):
+        for S in (int(s) for s in args.seqs.split(",")):
+            d = 128
+            q = torch.randn(1, hq, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(1, hkv, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            v = torch.randn(1, hkv, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            flops = 4 * S * S * d * hq / 2
+            for backend_name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                try:
+                    with sdpa_kernel(backend):
+                        # GQA by repeating K/V heads (what the flash backend needs; cuDNN takes enable_gqa).
+                        kk = k.repeat_interleave(hq // hkv, dim=1) if backend_name == "flash" else k
+                        vv = v.repeat_interleave(hq // hkv, dim=1) if backend_name == "flash" else v
+                        kw = {} if backend_name == "flash" else {"enable_gqa": True}
+                        out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kw)
+                        g = torch.randn_like(out)
+                        fwd = time_ms(lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kw), args.reps)
+                        bwd = time_ms(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), args.reps)
+                except Exception as e:  # a backend that refuses the shape
+                    print(f"{backend_name:8} {name:10} {S:8}  unavailable: {str(e).splitlines()[0][:60]}")
+                    continue
+                r = dict(backend=backend_name, shape=name, seq=S, fwd_ms=fwd, fwd_tflops=flops / fwd / 1e9,
+                         bwd_ms=bwd, bwd_tflops=2.5 * flops / bwd / 1e9, gpu=torch.cuda.get_device_name())
+                rows.append(r)
+                print(f"{backend_name:8} {name:10} {S:8} {fwd:9.3f} {r['fwd_tflops']:9.1f} {bwd:9.3f} {r['bwd_tflops']:9.1f}")
+            del q, k, v
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

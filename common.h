@@ -1,0 +1,234 @@
+// common.h - what every file of the project shares.
+//
+//   * exit codes and the error type that carries them to main()
+//   * the model configurations (Llama 3.2 3B, Llama 3.1 8B, small test models)
+//   * the flat parameter layout: every weight of the model lives at a fixed offset of one
+//     flat array, grouped in "units" (the embedding, each transformer layer, the head).
+//     A unit is what FSDP later shards and gathers as one buffer.
+//   * memory categories of the tracked allocator
+//
+// Host-only and header-only, so CPU tests and the planner use it without a GPU.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+// ---------------------------------------------------------------------------------------------
+// Exit codes (DESIGN.md): 0 ok, 1 runtime failure, 2 bad usage or input, 3 out of memory.
+enum ExitCode { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_OOM = 3 };
+
+// Every fatal condition is thrown as a Fatal carrying its exit code; main() prints it once.
+struct Fatal : std::runtime_error {
+    int code;
+    Fatal(int code_, const std::string& msg) : std::runtime_error(msg), code(code_) {}
+};
+[[noreturn]] inline void usage_error(const std::string& msg) { throw Fatal(EXIT_USAGE, msg); }
+[[noreturn]] inline void runtime_error(const std::string& msg) { throw Fatal(EXIT_RUNTIME, msg); }
+
+// ---------------------------------------------------------------------------------------------
+// Model configuration. Values of the two real models are those of Meta's HF config.json files.
+struct RopeScaling {
+    bool enabled = false;          // rope_type "llama3"
+    double factor = 1.0;           // 32 for Llama 3.2, 8 for Llama 3.1 (never hard-code 8)
+    double low_freq_factor = 1.0;
+    double high_freq_factor = 4.0;
+    double original_max_pos = 8192;
+};
+
+struct LlamaConfig {
+    std::string name;
+    int dim = 0;          // hidden size D
+    int n_layers = 0;     // L
+    int n_heads = 0;      // query heads Hq
+    int n_kv_heads = 0;   // key/value heads Hkv (grouped-query attention: Hq % Hkv == 0)
+    int head_dim = 0;     // d
+    int ffn_dim = 0;      // SwiGLU intermediate F
+    int vocab = 0;        // V
+    double norm_eps = 1e-5;
+    double rope_theta = 500000.0;
+    RopeScaling rope_scaling;
+    bool tied_embeddings = false;  // LM head reuses the token embedding
+
+    int64_t q_dim() const { return (int64_t)n_heads * head_dim; }
+    int64_t kv_dim() const { return (int64_t)n_kv_heads * head_dim; }
+    // The fused QKV projection writes, per token, [q heads | k heads | v heads].
+    int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+};
+
+inline std::vector<LlamaConfig> known_configs() {
+    std::vector<LlamaConfig> all;
+    LlamaConfig c;
+    // Llama 3.2 3B
+    c = LlamaConfig();
+    c.name = "llama3.2-3b"; c.dim = 3072; c.n_layers = 28; c.n_heads = 24; c.n_kv_heads = 8;
+    c.head_dim = 128; c.ffn_dim = 8192; c.vocab = 128256; c.tied_embeddings = true;
+    c.rope_scaling = {true, 32.0, 1.0, 4.0, 8192};
+    all.push_back(c);
+    // Llama 3.1 8B
+    c = LlamaConfig();
+    c.name = "llama3.1-8b"; c.dim = 4096; c.n_layers = 32; c.n_heads = 32; c.n_kv_heads = 8;
+    c.head_dim = 128; c.ffn_dim = 14336; c.vocab = 128256; c.tied_embeddings = false;
+    c.rope_scaling = {true, 8.0, 1.0, 4.0, 8192};
+    all.push_back(c);
+    // Test models: the same architecture, small. Head dim 64 (the attention kernel's other size).
+    c = LlamaConfig();
+    c.name = "tiny"; c.dim = 128; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 2;
+    c.head_dim = 64; c.ffn_dim = 384; c.vocab = 512; c.tied_embeddings = true;
+    c.rope_scaling = {true, 8.0, 1.0, 4.0, 64};  // small original_max_pos: all three regimes used
+    all.push_back(c);
+    c = LlamaConfig();
+    c.name = "tiny-untied"; c.dim = 128; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 1;
+    c.head_dim = 64; c.ffn_dim = 320; c.vocab = 384; c.tied_embeddings = false;
+    c.rope_scaling = {true, 32.0, 1.0, 4.0, 64};
+    all.push_back(c);
+    c = LlamaConfig();
+    c.name = "small"; c.dim = 1024; c.n_layers = 4; c.n_heads = 8; c.n_kv_heads = 2;
+    c.head_dim = 128; c.ffn_dim = 2816; c.vocab = 8192; c.tied_embeddings = true;
+    c.rope_scaling = {true, 32.0, 1.0, 4.0, 8192};
+    all.push_back(c);
+    return all;
+}
+
+inline std::string known_config_names() {
+    std::string s;
+    for (const auto& c : known_configs()) s += (s.empty() ? "" : ", ") + c.name;
+    return s;
+}
+
+inline LlamaConfig config_by_name(const std::string& name) {
+    for (const auto& c : known_configs())
+        if (c.name == name) return c;
+    usage_error("unknown --config '" + name + "' (known: " + known_config_names() + ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flat parameter layout.
+//
+// unit 0       : embed        [V, D]
+// unit 1+l     : layer l:  attn_norm [D], wqkv [Hq*d + 2*Hkv*d, D], wo [D, Hq*d],
+//                          mlp_norm [D], w13 [2F, D] (rows 0..F-1 gate, F..2F-1 up), w2 [D, F]
+// unit L+1     : final_norm [D], lm_head [V, D] (only when embeddings are not tied)
+//
+// Matrices are [out_features, in_features] row-major, as in PyTorch/HF. Each tensor starts at a
+// multiple of PARAM_ALIGN elements so every pointer handed to cuBLAS is 256-byte aligned in bf16.
+enum ParamKind { P_EMBED, P_ATTN_NORM, P_WQKV, P_WO, P_MLP_NORM, P_W13, P_W2, P_FINAL_NORM, P_LM_HEAD };
+constexpr int64_t PARAM_ALIGN = 128;
+
+struct ParamTensor {
+    ParamKind kind;
+    int layer;          // -1 outside the transformer layers
+    int unit;           // 0 = embedding, 1+l = layer l, L+1 = head
+    int64_t offset;     // in elements, from the start of the flat array
+    int64_t rows, cols; // a vector has rows = 1
+    bool decay;         // AdamW weight decay applies (matrices yes, norm gains no)
+    int64_t numel() const { return rows * cols; }
+};
+
+struct ParamLayout {
+    std::vector<ParamTensor> tensors;
+    std::vector<int64_t> unit_begin;  // unit u spans [unit_begin[u], unit_begin[u+1])
+    int64_t total = 0;                // elements including alignment padding
+    int num_units() const { return (int)unit_begin.size() - 1; }
+    const ParamTensor& find(ParamKind kind, int layer = -1) const {
+        for (const auto& t : tensors)
+            if (t.kind == kind && t.layer == layer) return t;
+        throw std::logic_error("parameter not in layout");
+    }
+};
+
+inline int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+inline ParamLayout param_layout(const LlamaConfig& c) {
+    ParamLayout lay;
+    int64_t off = 0;
+    auto add = [&](ParamKind k, int layer, int unit, int64_t rows, int64_t cols, bool decay) {
+        lay.tensors.push_back({k, layer, unit, off, rows, cols, decay});
+        off = align_up(off + rows * cols, PARAM_ALIGN);
+    };
+    lay.unit_begin.push_back(0);
+    add(P_EMBED, -1, 0, c.vocab, c.dim, true);
+    for (int l = 0; l < c.n_layers; l++) {
+        lay.unit_begin.push_back(off);
+        add(P_ATTN_NORM, l, 1 + l, 1, c.dim, false);
+        add(P_WQKV, l, 1 + l, c.qkv_dim(), c.dim, true);
+        add(P_WO, l, 1 + l, c.dim, c.q_dim(), true);
+        add(P_MLP_NORM, l, 1 + l, 1, c.dim, false);
+        add(P_W13, l, 1 + l, 2 * (int64_t)c.ffn_dim, c.dim, true);
+        add(P_W2, l, 1 + l, c.dim, c.ffn_dim, true);
+    }
+    lay.unit_begin.push_back(off);
+    add(P_FINAL_NORM, -1, c.n_layers + 1, 1, c.dim, false);
+    if (!c.tied_embeddings) add(P_LM_HEAD, -1, c.n_layers + 1, c.vocab, c.dim, true);
+    lay.unit_begin.push_back(off);
+    lay.total = off;
+    return lay;
+}
+
+// Parameter count without padding (what model cards quote: 3.21 B, 8.03 B).
+inline int64_t count_params(const LlamaConfig& c) {
+    int64_t n = 0;
+    for (const auto& t : param_layout(c).tensors) n += t.numel();
+    return n;
+}
+
+// Parameters that take part in matrix products, for FLOP counting (the embedding lookup is not
+// a matrix product; a tied embedding still costs a product as the LM head).
+inline int64_t count_matmul_params(const LlamaConfig& c) {
+    int64_t per_layer = (c.qkv_dim() + c.q_dim()) * c.dim + 3LL * c.ffn_dim * c.dim;
+    return per_layer * c.n_layers + (int64_t)c.vocab * c.dim;
+}
+
+inline const char* param_kind_name(ParamKind k) {
+    switch (k) {
+        case P_EMBED: return "embed";
+        case P_ATTN_NORM: return "attn_norm";
+        case P_WQKV: return "wqkv";
+        case P_WO: return "wo";
+        case P_MLP_NORM: return "mlp_norm";
+        case P_W13: return "w13";
+        case P_W2: return "w2";
+        case P_FINAL_NORM: return "final_norm";
+        case P_LM_HEAD: return "lm_head";
+    }
+    return "?";
+}
+
+// Inverse RoPE frequencies with Llama 3 scaling, in float64 (HF's _compute_llama3_parameters).
+// Used by the GPU code; the CPU reference computes its own copy independently.
+inline std::vector<double> rope_inv_freq(const LlamaConfig& c) {
+    const double pi = 3.14159265358979323846;
+    std::vector<double> inv(c.head_dim / 2);
+    for (int i = 0; i < c.head_dim / 2; i++) {
+        double f = 1.0 / std::pow(c.rope_theta, (2.0 * i) / c.head_dim);
+        if (c.rope_scaling.enabled) {
+            const RopeScaling& s = c.rope_scaling;
+            double low_wavelen = s.original_max_pos / s.low_freq_factor;
+            double high_wavelen = s.original_max_pos / s.high_freq_factor;
+            double wavelen = 2.0 * pi / f;
+            if (wavelen > low_wavelen) {
+                f = f / s.factor;
+            } else if (wavelen >= high_wavelen) {  // between the two: blend
+                double smooth = (s.original_max_pos / wavelen - s.low_freq_factor) /
+                                (s.high_freq_factor - s.low_freq_factor);
+                f = (1.0 - smooth) * f / s.factor + smooth * f;
+            }
+        }
+        inv[i] = f;
+    }
+    return inv;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory categories of the tracked allocator (DESIGN.md "Memory: counted, capped, explained").
+enum MemCategory { MEM_MODEL, MEM_ATTENTION, MEM_OTHER, MEM_COMM, MEM_WORKSPACE, MEM_NUM_CATEGORIES };
+
+inline const char* mem_category_name(int c) {
+    static const char* names[] = {"model", "attention", "other", "comm", "workspace"};
+    return (c >= 0 && c < MEM_NUM_CATEGORIES) ? names[c] : "?";
+}
+
+constexpr double GiB = 1024.0 * 1024.0 * 1024.0;

@@ -1,0 +1,921 @@
+// llama.cu - Llama 3 on one GPU: the tracked allocator, cuBLASLt matrix products, the kernels
+// of every layer (embedding, RMSNorm, RoPE, SwiGLU, cross-entropy, AdamW), and one training
+// step's forward and backward. Attention lives in attention.cu.
+//
+// The step, for T = batch * seq tokens (shapes row-major, bf16 unless noted):
+//
+//   x = embed[tokens]                                   [T, D]
+//   for each layer l:                                   (every activation kept: stage 0)
+//     xn1, rstd1 = rmsnorm(x)                           rstd fp32 [T]
+//     qkv = xn1 @ Wqkv^T ; rope(q, k)                   [T, (Hq + 2 Hkv) d]
+//     att, lse = flash_attention(q, k, v)               [T, Hq d], lse fp32 [B, Hq, S]
+//     x_mid = x + att @ Wo^T                            (one GEMM with the residual as C)
+//     xn2, rstd2 = rmsnorm(x_mid)
+//     h13 = xn2 @ W13^T ; act = silu(gate) * up         [T, 2F], [T, F]
+//     x = x_mid + act @ W2^T
+//   logits = rmsnorm(x) @ Whead^T                       [T, V]
+//   loss = mean cross-entropy; dlogits overwrite logits in the same kernel
+//
+// The backward walks the same path in reverse with one residual-gradient buffer `dres` that
+// every branch adds into. Weight gradients accumulate in fp32 (GEMMs with beta = 1) into a flat
+// gradient buffer zeroed at the start of the step; every reduction is deterministic (fixed
+// order, no atomics), so the same seed gives the same losses.
+//
+// Memory of this plain step (stage 0 of the ladder), per token and layer, in bytes:
+//   other:     2 * (4 D + 3 F) + 8          (x_in, xn1, x_mid, xn2, h13, act; two rstd)
+//   attention: 2 * (qkv_dim + Hq d) + 4 Hq  (qkv, att, lse)
+// plus logits 2 V per token, and 18 bytes per parameter for model states (fp32 master, grad,
+// two AdamW moments, bf16 compute copy).
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "llama.h"
+
+// =============================================================================================
+// Errors
+void cuda_check(cudaError_t err, const char* what, const char* file, int line) {
+    if (err == cudaSuccess) return;
+    std::string msg = std::string(what) + " failed at " + file + ":" + std::to_string(line) +
+                      ": " + cudaGetErrorString(err);
+    if (err == cudaErrorMemoryAllocation) throw Fatal(EXIT_OOM, "out of memory: " + msg);
+    throw Fatal(EXIT_RUNTIME, msg);
+}
+
+static void cublas_check(cublasStatus_t st, const char* what, const char* file, int line) {
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+    throw Fatal(EXIT_RUNTIME, std::string(what) + " failed at " + file + ":" +
+                                  std::to_string(line) + ": cuBLAS status " + std::to_string(st));
+}
+#define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+// =============================================================================================
+// Arena: the static memory plan (see llama.h).
+static constexpr int64_t ARENA_ALIGN = 256;
+
+void Arena::begin_real(char* base, int64_t capacity) {
+    rewind();
+    base_ = base;
+    capacity_ = capacity;
+}
+
+void Arena::rewind() {
+    offset_ = 0;
+    for (auto& b : by_category_) b = 0;
+    entries_.clear();
+}
+
+void* Arena::take_bytes(const std::string& name, MemCategory cat, int64_t bytes) {
+    int64_t size = align_up(std::max<int64_t>(bytes, 1), ARENA_ALIGN);
+    int64_t off = offset_;
+    offset_ += size;
+    by_category_[cat] += size;
+    entries_.push_back({name, cat, off, size});
+    if (!base_) return nullptr;  // dry run: only the plan
+    if (offset_ > capacity_)
+        throw std::logic_error("arena: real pass asked for more than the dry run planned");
+    return base_ + off;
+}
+
+int64_t DeviceMemory::driver_used_bytes() const {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return -1;
+    return (int64_t)(total_b - free_b);
+}
+
+void report_oom(const Arena& plan, int64_t runtime_bytes, int64_t cap_bytes,
+                const std::string& what, const std::string& hint) {
+    char buf[256];
+    std::string msg = "out of memory: " + what + "\n";
+    int largest = 0;
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++) {
+        if (plan.category_bytes(c) > plan.category_bytes(largest)) largest = c;
+        snprintf(buf, sizeof buf, "    %-10s %9.2f GiB\n", mem_category_name(c),
+                 plan.category_bytes(c) / GiB);
+        msg += buf;
+    }
+    snprintf(buf, sizeof buf, "    %-10s %9.2f GiB (CUDA context, cuBLAS)\n", "runtime",
+             runtime_bytes / GiB);
+    msg += buf;
+    snprintf(buf, sizeof buf,
+             "  the step needs %.2f GiB per GPU; the card (cap) holds %.2f GiB. Largest "
+             "category: %s.\n",
+             (plan.total() + runtime_bytes) / GiB, cap_bytes / GiB, mem_category_name(largest));
+    msg += buf;
+    if (!hint.empty()) msg += "  next: " + hint;
+    throw Fatal(EXIT_OOM, msg);
+}
+
+// =============================================================================================
+// cuBLASLt matrix products.
+//
+// Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T, and a row-major
+// matrix with leading dimension ld is the column-major transpose with the same ld. So we ask
+// cuBLASLt for m = N, n = M, with its "A" our B and its "B" our A, transpose flags kept.
+static cublasLtHandle_t g_lt = nullptr;
+static void* g_workspace = nullptr;
+static size_t g_workspace_bytes = 0;
+
+struct GemmKey {
+    bool ta, tb, c32, beta;
+    int64_t M, N, K, lda, ldb, ldc;
+    bool operator<(const GemmKey& o) const {
+        return std::tie(ta, tb, c32, beta, M, N, K, lda, ldb, ldc) <
+               std::tie(o.ta, o.tb, o.c32, o.beta, o.M, o.N, o.K, o.lda, o.ldb, o.ldc);
+    }
+};
+struct GemmPlan {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+};
+static std::map<GemmKey, GemmPlan> g_gemm_plans;
+
+void gemm_init(size_t workspace_bytes, void* workspace) {
+    if (!g_lt) CUBLAS_CHECK(cublasLtCreate(&g_lt));
+    g_workspace = workspace;
+    g_workspace_bytes = workspace_bytes;
+    g_gemm_plans.clear();  // plans were chosen for the old workspace size
+}
+
+void gemm_destroy() {
+    for (auto& kv : g_gemm_plans) {
+        cublasLtMatmulDescDestroy(kv.second.op);
+        cublasLtMatrixLayoutDestroy(kv.second.a);
+        cublasLtMatrixLayoutDestroy(kv.second.b);
+        cublasLtMatrixLayoutDestroy(kv.second.c);
+    }
+    g_gemm_plans.clear();
+    if (g_lt) cublasLtDestroy(g_lt);
+    g_lt = nullptr;
+}
+
+static const GemmPlan& gemm_plan(const GemmKey& k) {
+    auto it = g_gemm_plans.find(k);
+    if (it != g_gemm_plans.end()) return it->second;
+    GemmPlan p;
+    cublasOperation_t op_first = k.tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS "A" = our B
+    cublasOperation_t op_second = k.ta ? CUBLAS_OP_T : CUBLAS_OP_N; // cuBLAS "B" = our A
+    int64_t m = k.N, n = k.M, kk = k.K;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                                sizeof op_first));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                                sizeof op_second));
+    // Stored shapes (column-major, before the op).
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k.tb ? kk : m, k.tb ? m : kk, k.ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k.ta ? n : kk, k.ta ? kk : n, k.lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, k.c32 ? CUDA_R_32F : CUDA_R_16BF, m, n, k.ldc));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g_workspace_bytes, sizeof(size_t)));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g_lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &res,
+                                                &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (found == 0)
+        runtime_error("cuBLASLt has no algorithm for a " + std::to_string(k.M) + "x" +
+                      std::to_string(k.N) + "x" + std::to_string(k.K) + " product");
+    p.algo = res.algo;
+    return g_gemm_plans.emplace(k, p).first->second;
+}
+
+void gemm_rm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const bf16* A,
+             int64_t lda, const bf16* B, int64_t ldb, void* C, int64_t ldc, bool c_fp32,
+             float alpha, float beta, const void* Cin, cudaStream_t stream) {
+    if (M == 0 || N == 0) return;
+    GemmKey key{transA, transB, c_fp32, beta != 0.0f, M, N, K, lda, ldb, ldc};
+    const GemmPlan& p = gemm_plan(key);
+    const void* cin = Cin ? Cin : C;
+    CUBLAS_CHECK(cublasLtMatmul(g_lt, p.op, &alpha, B, p.a, A, p.b, &beta, cin, p.c, C, p.c,
+                                &p.algo, g_workspace, g_workspace_bytes, stream));
+}
+
+void linear_forward(bf16* y, const bf16* x, const bf16* W, const bf16* residual, int64_t T,
+                    int64_t in, int64_t out, cudaStream_t s) {
+    gemm_rm(false, true, T, out, in, x, in, W, in, y, out, false, 1.0f, residual ? 1.0f : 0.0f,
+            residual, s);
+}
+
+void linear_backward_input(bf16* dx, const bf16* dy, const bf16* W, int64_t T, int64_t in,
+                           int64_t out, cudaStream_t s) {
+    gemm_rm(false, false, T, in, out, dy, out, W, in, dx, in, false, 1.0f, 0.0f, nullptr, s);
+}
+
+void linear_backward_weight(float* dW, const bf16* dy, const bf16* x, int64_t T, int64_t in,
+                            int64_t out, cudaStream_t s) {
+    gemm_rm(true, false, out, in, T, dy, out, x, in, dW, in, true, 1.0f, 1.0f, nullptr, s);
+}
+
+// =============================================================================================
+// Small device helpers.
+namespace {
+
+constexpr int WARP = 32;
+
+__device__ inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// 8 bf16 <-> 8 floats through one 16-byte access.
+__device__ inline void load8(const bf16* p, float f[8]) {
+    uint4 u = *(const uint4*)p;
+    const __nv_bfloat162* h = (const __nv_bfloat162*)&u;
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+__device__ inline void store8(bf16* p, const float f[8]) {
+    uint4 u;
+    __nv_bfloat162* h = (__nv_bfloat162*)&u;
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *(uint4*)p = u;
+}
+
+inline unsigned grid_for(int64_t n, int block) {
+    int64_t g = (n + block - 1) / block;
+    return (unsigned)std::min<int64_t>(g, 1 << 30);
+}
+
+}  // namespace
+
+// =============================================================================================
+// Embedding
+__global__ void embedding_forward_kernel(bf16* x, const int32_t* tokens, const bf16* embed,
+                                         int64_t T, int D) {
+    int64_t vec_per_row = D / 8;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * vec_per_row;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / vec_per_row, c = (i % vec_per_row) * 8;
+        *(uint4*)(x + t * D + c) = *(const uint4*)(embed + (int64_t)tokens[t] * D + c);
+    }
+}
+
+void embedding_forward(bf16* x, const int32_t* tokens, const bf16* embed, int64_t T, int D,
+                       cudaStream_t s) {
+    embedding_forward_kernel<<<grid_for(T * D / 8, 256), 256, 0, s>>>(x, tokens, embed, T, D);
+    CUDA_CHECK_LAUNCH();
+}
+
+void EmbeddingGroups::build(const int32_t* tokens, int64_t T) {
+    // Counting sort by token id, stable, so positions stay ascending within each group.
+    int32_t max_tok = 0;
+    for (int64_t t = 0; t < T; t++) max_tok = std::max(max_tok, tokens[t]);
+    std::vector<int64_t> count(max_tok + 2, 0);
+    for (int64_t t = 0; t < T; t++) count[tokens[t] + 1]++;
+    for (size_t i = 1; i < count.size(); i++) count[i] += count[i - 1];
+    position.assign(T, 0);
+    std::vector<int64_t> next(count.begin(), count.end() - 1);
+    for (int64_t t = 0; t < T; t++) position[next[tokens[t]]++] = t;
+    token.clear();
+    begin.clear();
+    for (int32_t v = 0; v <= max_tok; v++)
+        if (count[v + 1] > count[v]) {
+            token.push_back(v);
+            begin.push_back(count[v]);
+        }
+    begin.push_back(T);
+}
+
+// One block per distinct token: sum its rows of dx in position order, add to the gradient.
+__global__ void embedding_backward_kernel(float* dembed, const bf16* dx, const int32_t* tok,
+                                          const int64_t* begin, const int64_t* pos, int D) {
+    int64_t gi = blockIdx.x;
+    float* out = dembed + (int64_t)tok[gi] * D;
+    for (int c = threadIdx.x * 2; c < D; c += blockDim.x * 2) {
+        float2 acc = {0.f, 0.f};
+        for (int64_t j = begin[gi]; j < begin[gi + 1]; j++) {
+            float2 v = __bfloat1622float2(*(const __nv_bfloat162*)(dx + pos[j] * D + c));
+            acc.x += v.x;
+            acc.y += v.y;
+        }
+        out[c] += acc.x;
+        out[c + 1] += acc.y;
+    }
+}
+
+void embedding_backward(float* dembed, const bf16* dx, const int32_t* group_token,
+                        const int64_t* group_begin, const int64_t* positions, int64_t n_groups,
+                        int D, cudaStream_t s) {
+    if (n_groups == 0) return;
+    embedding_backward_kernel<<<(unsigned)n_groups, 256, 0, s>>>(dembed, dx, group_token,
+                                                                  group_begin, positions, D);
+    CUDA_CHECK_LAUNCH();
+}
+
+// =============================================================================================
+// RMSNorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). One warp per row.
+__global__ void rmsnorm_forward_kernel(bf16* y, float* rstd, const bf16* x, const bf16* w,
+                                       int64_t T, int D, float eps) {
+    int64_t row = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= T) return;
+    const bf16* xr = x + row * D;
+    float f[8], wf[8], ss = 0.f;
+    for (int c = lane * 8; c < D; c += WARP * 8) {
+        load8(xr + c, f);
+        for (int i = 0; i < 8; i++) ss += f[i] * f[i];
+    }
+    float r = rsqrtf(warp_sum(ss) / D + eps);
+    for (int c = lane * 8; c < D; c += WARP * 8) {
+        load8(xr + c, f);
+        load8(w + c, wf);
+        for (int i = 0; i < 8; i++) f[i] = f[i] * r * wf[i];
+        store8(y + row * D + c, f);
+    }
+    if (lane == 0) rstd[row] = r;
+}
+
+void rmsnorm_forward(bf16* y, float* rstd, const bf16* x, const bf16* w, int64_t T, int D,
+                     float eps, cudaStream_t s) {
+    rmsnorm_forward_kernel<<<grid_for(T, 8), 8 * WARP, 0, s>>>(y, rstd, x, w, T, D, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dx_j = rstd * w_j dy_j - rstd^3 / D * x_j * sum_i(w_i dy_i x_i). One warp per row.
+__global__ void rmsnorm_backward_dx_kernel(bf16* dx, const bf16* dy, const bf16* x,
+                                           const bf16* w, const float* rstd, int64_t T, int D,
+                                           bool accumulate) {
+    int64_t row = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
+    int lane = threadIdx.x % WARP;
+    if (row >= T) return;
+    const bf16 *dyr = dy + row * D, *xr = x + row * D;
+    float fd[8], fx[8], fw[8], dot = 0.f;
+    for (int c = lane * 8; c < D; c += WARP * 8) {
+        load8(dyr + c, fd);
+        load8(xr + c, fx);
+        load8(w + c, fw);
+        for (int i = 0; i < 8; i++) dot += fw[i] * fd[i] * fx[i];
+    }
+    dot = warp_sum(dot);
+    float r = rstd[row], k = r * r * r * dot / D;
+    for (int c = lane * 8; c < D; c += WARP * 8) {
+        load8(dyr + c, fd);
+        load8(xr + c, fx);
+        load8(w + c, fw);
+        float out[8], old[8];
+        if (accumulate) load8(dx + row * D + c, old);
+        for (int i = 0; i < 8; i++)
+            out[i] = r * fw[i] * fd[i] - k * fx[i] + (accumulate ? old[i] : 0.f);
+        store8(dx + row * D + c, out);
+    }
+}
+
+// dw_i = sum_t dy_ti x_ti rstd_t, in two deterministic passes: NORM_CHUNKS row chunks write
+// partial sums, then a fixed-order sum over the chunks.
+static constexpr int NORM_CHUNKS = 256;
+int64_t rmsnorm_partial_floats(int D) { return (int64_t)NORM_CHUNKS * D; }
+
+__global__ void rmsnorm_backward_dw_partial_kernel(float* partial, const bf16* dy, const bf16* x,
+                                                   const float* rstd, int64_t T, int D) {
+    int c = (blockIdx.x * blockDim.x + threadIdx.x) * 2;
+    if (c >= D) return;
+    int64_t rows_per_chunk = (T + NORM_CHUNKS - 1) / NORM_CHUNKS;
+    int64_t t0 = blockIdx.y * rows_per_chunk, t1 = min(T, t0 + rows_per_chunk);
+    float2 acc = {0.f, 0.f};
+    for (int64_t t = t0; t < t1; t++) {
+        float2 d = __bfloat1622float2(*(const __nv_bfloat162*)(dy + t * D + c));
+        float2 v = __bfloat1622float2(*(const __nv_bfloat162*)(x + t * D + c));
+        float r = rstd[t];
+        acc.x += d.x * v.x * r;
+        acc.y += d.y * v.y * r;
+    }
+    partial[(int64_t)blockIdx.y * D + c] = acc.x;
+    partial[(int64_t)blockIdx.y * D + c + 1] = acc.y;
+}
+
+__global__ void sum_chunks_kernel(float* out, const float* partial, int chunks, int D) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= D) return;
+    float acc = 0.f;
+    for (int k = 0; k < chunks; k++) acc += partial[(int64_t)k * D + c];
+    out[c] += acc;
+}
+
+void rmsnorm_backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w,
+                      const float* rstd, int64_t T, int D, bool accumulate_dx, float* partial,
+                      cudaStream_t s) {
+    rmsnorm_backward_dx_kernel<<<grid_for(T, 8), 8 * WARP, 0, s>>>(dx, dy, x, w, rstd, T, D,
+                                                                    accumulate_dx);
+    CUDA_CHECK_LAUNCH();
+    dim3 grid(grid_for(D / 2, 128), NORM_CHUNKS);
+    rmsnorm_backward_dw_partial_kernel<<<grid, 128, 0, s>>>(partial, dy, x, rstd, T, D);
+    CUDA_CHECK_LAUNCH();
+    sum_chunks_kernel<<<grid_for(D, 256), 256, 0, s>>>(dw, partial, NORM_CHUNKS, D);
+    CUDA_CHECK_LAUNCH();
+}
+
+// =============================================================================================
+// RoPE, HF rotate-half layout: for i < d/2, (x_i, x_{i+d/2}) rotated by pos * inv_freq_i.
+// The angle is formed in float64 and reduced modulo 2 pi before the float sine and cosine:
+// at position 5M a float angle would be off by a whole radian.
+__global__ void rope_kernel(bf16* x, int64_t T, int64_t seq, int64_t pos0, int n_heads,
+                            int head_dim, int64_t ld, const double* inv_freq, bool inverse) {
+    int half = head_dim / 2;
+    int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (idx >= T * half) return;
+    int64_t t = idx / half;
+    int i = (int)(idx % half);
+    double angle = fmod((double)(pos0 + t % seq) * inv_freq[i], 6.283185307179586);
+    float sn, cs;
+    sincosf((float)angle, &sn, &cs);
+    if (inverse) sn = -sn;
+    bf16* row = x + t * ld;
+    for (int h = 0; h < n_heads; h++) {
+        bf16* p = row + (int64_t)h * head_dim;
+        float x1 = __bfloat162float(p[i]), x2 = __bfloat162float(p[i + half]);
+        p[i] = __float2bfloat16(x1 * cs - x2 * sn);
+        p[i + half] = __float2bfloat16(x2 * cs + x1 * sn);
+    }
+}
+
+void rope_apply(bf16* x, int64_t T, int64_t seq, int64_t pos0, int n_heads, int head_dim,
+                int64_t ld, const double* inv_freq, bool inverse, cudaStream_t s) {
+    int64_t n = T * (head_dim / 2);
+    rope_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, T, seq, pos0, n_heads, head_dim, ld,
+                                                  inv_freq, inverse);
+    CUDA_CHECK_LAUNCH();
+}
+
+// =============================================================================================
+// SwiGLU: act = silu(gate) * up, h13 = [gate | up] per row.
+__global__ void swiglu_forward_kernel(bf16* act, const bf16* h13, int64_t T, int F) {
+    int64_t n = T * F / 2;  // pairs
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = (2 * i) / F, c = (2 * i) % F;
+        float2 g = __bfloat1622float2(*(const __nv_bfloat162*)(h13 + t * 2 * F + c));
+        float2 u = __bfloat1622float2(*(const __nv_bfloat162*)(h13 + t * 2 * F + F + c));
+        float a0 = g.x / (1.f + __expf(-g.x)) * u.x, a1 = g.y / (1.f + __expf(-g.y)) * u.y;
+        *(__nv_bfloat162*)(act + t * F + c) = __floats2bfloat162_rn(a0, a1);
+    }
+}
+
+__device__ inline void swiglu_grad(float g, float u, float da, float& dg, float& du) {
+    float sg = 1.f / (1.f + __expf(-g));
+    du = da * g * sg;
+    dg = da * u * sg * (1.f + g * (1.f - sg));
+}
+
+__global__ void swiglu_backward_kernel(bf16* dh13, const bf16* dact, const bf16* h13, int64_t T,
+                                       int F) {
+    int64_t n = T * F / 2;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = (2 * i) / F, c = (2 * i) % F;
+        float2 g = __bfloat1622float2(*(const __nv_bfloat162*)(h13 + t * 2 * F + c));
+        float2 u = __bfloat1622float2(*(const __nv_bfloat162*)(h13 + t * 2 * F + F + c));
+        float2 d = __bfloat1622float2(*(const __nv_bfloat162*)(dact + t * F + c));
+        float dg0, du0, dg1, du1;
+        swiglu_grad(g.x, u.x, d.x, dg0, du0);
+        swiglu_grad(g.y, u.y, d.y, dg1, du1);
+        *(__nv_bfloat162*)(dh13 + t * 2 * F + c) = __floats2bfloat162_rn(dg0, dg1);
+        *(__nv_bfloat162*)(dh13 + t * 2 * F + F + c) = __floats2bfloat162_rn(du0, du1);
+    }
+}
+
+void swiglu_forward(bf16* act, const bf16* h13, int64_t T, int F, cudaStream_t s) {
+    swiglu_forward_kernel<<<grid_for(T * F / 2, 256), 256, 0, s>>>(act, h13, T, F);
+    CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_backward(bf16* dh13, const bf16* dact, const bf16* h13, int64_t T, int F,
+                     cudaStream_t s) {
+    swiglu_backward_kernel<<<grid_for(T * F / 2, 256), 256, 0, s>>>(dh13, dact, h13, T, F);
+    CUDA_CHECK_LAUNCH();
+}
+
+// =============================================================================================
+// Cross-entropy, forward and backward fused: one block per row. Pass 1: online max and sum of
+// exponentials; pass 2: dlogits = (softmax - onehot) * grad_scale, written over the logits.
+static constexpr int CE_THREADS = 512;
+
+__global__ void cross_entropy_kernel(bf16* logits, float* losses, const int32_t* targets, int V,
+                                     float grad_scale) {
+    int64_t row = blockIdx.x;
+    bf16* lr = logits + row * V;
+    int target = targets[row];
+    float m = -INFINITY, sum = 0.f, f[8];
+    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
+        load8(lr + c, f);
+        float mx = f[0];
+        for (int i = 1; i < 8; i++) mx = fmaxf(mx, f[i]);
+        float mnew = fmaxf(m, mx);
+        sum *= __expf(m - mnew);
+        for (int i = 0; i < 8; i++) sum += __expf(f[i] - mnew);
+        m = mnew;
+    }
+    // Combine (m, sum) over the block: warps first, then the warps' results.
+    __shared__ float sm[CE_THREADS / WARP], ss[CE_THREADS / WARP];
+    __shared__ float row_lse;
+    float wm = warp_max(m);
+    sum = warp_sum(sum * __expf(m - wm));
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (lane == 0) sm[warp] = wm, ss[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float M = sm[0], S = 0.f;
+        for (int w = 1; w < (int)blockDim.x / WARP; w++) M = fmaxf(M, sm[w]);
+        for (int w = 0; w < (int)blockDim.x / WARP; w++) S += ss[w] * __expf(sm[w] - M);
+        row_lse = M + logf(S);
+        losses[row] = target < 0 ? 0.f : row_lse - __bfloat162float(lr[target]);
+    }
+    __syncthreads();
+    float lse = row_lse, scale = target < 0 ? 0.f : grad_scale;
+    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
+        load8(lr + c, f);
+        for (int i = 0; i < 8; i++) f[i] = (__expf(f[i] - lse) - (c + i == target)) * scale;
+        store8(lr + c, f);
+    }
+}
+
+void cross_entropy_forward_backward(bf16* logits, float* losses, const int32_t* targets,
+                                    int64_t T, int V, float grad_scale, cudaStream_t s) {
+    if (T == 0) return;
+    cross_entropy_kernel<<<(unsigned)T, CE_THREADS, 0, s>>>(logits, losses, targets, V,
+                                                            grad_scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+// =============================================================================================
+// Deterministic reductions: SUM_BLOCKS fixed-stride partial sums, then one block sums them.
+static constexpr int SUM_BLOCKS = 512, SUM_THREADS = 256;
+int64_t sum_scratch_floats() { return SUM_BLOCKS; }
+
+template <bool SQUARE>
+__global__ void sum_partial_kernel(float* partial, const float* x, int64_t n) {
+    float acc = 0.f;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        acc += SQUARE ? x[i] * x[i] : x[i];
+    __shared__ float sh[SUM_THREADS / WARP];
+    acc = warp_sum(acc);
+    if (threadIdx.x % WARP == 0) sh[threadIdx.x / WARP] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int w = 0; w < SUM_THREADS / WARP; w++) t += sh[w];
+        partial[blockIdx.x] = t;
+    }
+}
+
+__global__ void sum_final_kernel(float* out, const float* partial, int n) {
+    __shared__ float sh[SUM_THREADS];
+    float acc = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int i = 0; i < (int)blockDim.x; i++) t += sh[i];
+        *out = t;
+    }
+}
+
+template <bool SQUARE>
+static void reduce_floats(float* out, const float* x, int64_t n, float* scratch, cudaStream_t s) {
+    sum_partial_kernel<SQUARE><<<SUM_BLOCKS, SUM_THREADS, 0, s>>>(scratch, x, n);
+    CUDA_CHECK_LAUNCH();
+    sum_final_kernel<<<1, SUM_THREADS, 0, s>>>(out, scratch, SUM_BLOCKS);
+    CUDA_CHECK_LAUNCH();
+}
+void sum_floats(float* out, const float* x, int64_t n, float* scratch, cudaStream_t s) {
+    reduce_floats<false>(out, x, n, scratch, s);
+}
+void sum_squares(float* out, const float* x, int64_t n, float* scratch, cudaStream_t s) {
+    reduce_floats<true>(out, x, n, scratch, s);
+}
+
+// =============================================================================================
+// AdamW (torch.optim.AdamW): decoupled decay, bias-corrected moments, bf16 copy written.
+__global__ void adamw_kernel(float* p, bf16* w, const float* g, float* m, float* v, int64_t n,
+                             AdamW o, bool decay, const float* grad_scale, float bc1,
+                             float bc2_sqrt) {
+    float gs = *grad_scale;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float gi = g[i] * gs;
+        float mi = o.beta1 * m[i] + (1.f - o.beta1) * gi;
+        float vi = o.beta2 * v[i] + (1.f - o.beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float pi = p[i];
+        if (decay) pi *= 1.f - o.lr * o.weight_decay;
+        pi -= (o.lr / bc1) * mi / (sqrtf(vi) / bc2_sqrt + o.eps);
+        p[i] = pi;
+        w[i] = __float2bfloat16(pi);
+    }
+}
+
+void adamw_update(float* master, bf16* weights, const float* grad, float* m, float* v,
+                  int64_t n, const AdamW& o, bool decay, const float* grad_scale,
+                  cudaStream_t s) {
+    float bc1 = 1.f - std::pow(o.beta1, (float)o.step);
+    float bc2_sqrt = std::sqrt(1.f - std::pow(o.beta2, (float)o.step));
+    adamw_kernel<<<grid_for(n, 256), 256, 0, s>>>(master, weights, grad, m, v, n, o, decay,
+                                                   grad_scale, bc1, bc2_sqrt);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void clip_scale_kernel(float* scale, const float* sumsq, float max_norm) {
+    float norm = sqrtf(*sumsq);
+    *scale = (max_norm > 0.f && norm > max_norm) ? max_norm / (norm + 1e-6f) : 1.f;
+}
+
+void clip_scale(float* grad_scale, const float* sumsq, float max_norm, cudaStream_t s) {
+    clip_scale_kernel<<<1, 1, 0, s>>>(grad_scale, sumsq, max_norm);
+    CUDA_CHECK_LAUNCH();
+}
+
+// =============================================================================================
+// Fills and deterministic initialization.
+__global__ void fill_bf16_kernel(bf16* x, int64_t n, float value) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = __float2bfloat16(value);
+}
+void fill_bf16(bf16* x, int64_t n, float value, cudaStream_t s) {
+    fill_bf16_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, value);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void f32_to_bf16_kernel(bf16* out, const float* in, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16(in[i]);
+}
+void convert_f32_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s) {
+    f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, s>>>(out, in, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+__device__ inline uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// Value i depends only on (seed, i): the same weights whatever the launch shape.
+__global__ void init_normal_kernel(float* x, int64_t n, float stddev, uint64_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t r = splitmix64(seed ^ splitmix64((uint64_t)i));
+        float u1 = ((r >> 40) + 1) * (1.0f / 16777217.0f);  // (0, 1]
+        float u2 = ((r >> 16) & 0xffffff) * (1.0f / 16777216.0f);
+        x[i] = stddev * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    }
+}
+void init_normal(float* x, int64_t n, float stddev, uint64_t seed, cudaStream_t s) {
+    init_normal_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, stddev, seed);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void init_constant_kernel(float* x, int64_t n, float value) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = value;
+}
+void init_constant(float* x, int64_t n, float value, cudaStream_t s) {
+    init_constant_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, value);
+    CUDA_CHECK_LAUNCH();
+}
+
+// =============================================================================================
+// The model: buffers, initialization, one step.
+void model_declare_buffers(Model& m, Arena& A) {
+    const LlamaConfig& c = m.cfg;
+    m.layout = param_layout(c);
+    const int64_t P = m.layout.total, T = m.shape.tokens(), D = c.dim, F = c.ffn_dim;
+    const int64_t lse_n = (int64_t)m.shape.batch * c.n_heads * m.shape.seq;
+
+    // Model states: 18 bytes per parameter.
+    m.master = A.take<float>("master weights (fp32)", MEM_MODEL, P);
+    m.grad = A.take<float>("gradients (fp32)", MEM_MODEL, P);
+    m.adam_m = A.take<float>("AdamW first moment", MEM_MODEL, P);
+    m.adam_v = A.take<float>("AdamW second moment", MEM_MODEL, P);
+    m.weights = A.take<bf16>("weights (bf16 compute copy)", MEM_MODEL, P);
+
+    // Activations kept for the backward, per layer.
+    m.residual = A.take<bf16>("residual stream [L+1, T, D]", MEM_OTHER, (c.n_layers + 1) * T * D);
+    m.layers.assign(c.n_layers, LayerActivations());
+    for (int l = 0; l < c.n_layers; l++) {
+        LayerActivations& a = m.layers[l];
+        std::string p = "layer " + std::to_string(l) + " ";
+        a.x_in = m.residual ? m.residual + l * T * D : nullptr;
+        a.x_out = m.residual ? m.residual + (l + 1) * T * D : nullptr;
+        a.xn1 = A.take<bf16>(p + "xn1", MEM_OTHER, T * D);
+        a.rstd1 = A.take<float>(p + "rstd1", MEM_OTHER, T);
+        a.qkv = A.take<bf16>(p + "qkv", MEM_ATTENTION, T * c.qkv_dim());
+        a.att = A.take<bf16>(p + "attention output", MEM_ATTENTION, T * c.q_dim());
+        a.lse = A.take<float>(p + "lse", MEM_ATTENTION, lse_n);
+        a.x_mid = A.take<bf16>(p + "x_mid", MEM_OTHER, T * D);
+        a.xn2 = A.take<bf16>(p + "xn2", MEM_OTHER, T * D);
+        a.rstd2 = A.take<float>(p + "rstd2", MEM_OTHER, T);
+        a.h13 = A.take<bf16>(p + "h13", MEM_OTHER, T * 2 * F);
+        a.act = A.take<bf16>(p + "act", MEM_OTHER, T * F);
+    }
+    m.xnf = A.take<bf16>("final norm output", MEM_OTHER, T * D);
+    m.rstdf = A.take<float>("final rstd", MEM_OTHER, T);
+    m.logits = A.take<bf16>("logits [T, V]", MEM_OTHER, T * c.vocab);
+    m.losses = A.take<float>("per-token losses", MEM_OTHER, T);
+
+    // Backward scratch, reused by every layer.
+    m.dres = A.take<bf16>("d residual", MEM_OTHER, T * D);
+    m.dxn = A.take<bf16>("d norm output", MEM_OTHER, T * D);
+    m.dwide = A.take<bf16>("d h13 / d qkv", MEM_OTHER, T * std::max<int64_t>(2 * F, c.qkv_dim()));
+    m.dnarrow = A.take<bf16>("d act / d attention output", MEM_OTHER,
+                             T * std::max<int64_t>(F, c.q_dim()));
+    m.delta = A.take<float>("attention delta", MEM_ATTENTION, lse_n);
+    m.norm_partial = A.take<float>("rmsnorm dw partials", MEM_WORKSPACE, rmsnorm_partial_floats(c.dim));
+    m.reduce_scratch = A.take<float>("reduction scratch", MEM_WORKSPACE, sum_scratch_floats());
+    m.scalars = A.take<float>("step scalars", MEM_WORKSPACE, 4);
+
+    m.tokens = A.take<int32_t>("tokens", MEM_OTHER, T);
+    m.targets = A.take<int32_t>("targets", MEM_OTHER, T);
+    int64_t max_groups = std::min<int64_t>(T, c.vocab);
+    m.emb_group_token = A.take<int32_t>("embedding groups", MEM_OTHER, max_groups);
+    m.emb_group_begin = A.take<int64_t>("embedding group starts", MEM_OTHER, max_groups + 1);
+    m.emb_positions = A.take<int64_t>("embedding positions", MEM_OTHER, T);
+    m.inv_freq = A.take<double>("rope frequencies", MEM_OTHER, c.head_dim / 2);
+    m.gemm_workspace = A.take_bytes("cuBLASLt workspace", MEM_WORKSPACE, m.gemm_workspace_bytes);
+}
+
+void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string& oom_hint) {
+    if (arena.total() + dm.runtime_bytes > dm.cap_bytes)
+        report_oom(arena, dm.runtime_bytes, dm.cap_bytes, "the memory plan does not fit", oom_hint);
+    if (cudaMalloc(&dm.slab, arena.total()) != cudaSuccess) {
+        cudaGetLastError();  // clear it: this failure is reported, not fatal to the context
+        report_oom(arena, dm.runtime_bytes, dm.cap_bytes, "cudaMalloc of the planned buffers failed",
+                   oom_hint);
+    }
+    dm.slab_bytes = arena.total();
+    arena.begin_real(dm.slab, dm.slab_bytes);
+    model_declare_buffers(m, arena);
+    gemm_init(m.gemm_workspace_bytes, m.gemm_workspace);
+}
+
+void model_free(DeviceMemory& dm) {
+    if (dm.slab) CUDA_CHECK(cudaFree(dm.slab));
+    dm.slab = nullptr;
+    dm.slab_bytes = 0;
+}
+
+void model_init_weights(Model& m, uint64_t seed, cudaStream_t s) {
+    // HF LlamaForCausalLM init: every linear and the embedding N(0, 0.02); RMSNorm gains 1.
+    int i = 0;
+    for (const auto& t : m.layout.tensors) {
+        float* p = m.master + t.offset;
+        if (t.rows == 1)
+            init_constant(p, t.numel(), 1.0f, s);
+        else
+            init_normal(p, t.numel(), 0.02f, seed * 1000003ull + i, s);
+        i++;
+    }
+    convert_f32_to_bf16(m.weights, m.master, m.layout.total, s);
+    CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.layout.total * sizeof(float), s));
+    CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.layout.total * sizeof(float), s));
+    std::vector<double> inv = rope_inv_freq(m.cfg);
+    CUDA_CHECK(cudaMemcpyAsync(m.inv_freq, inv.data(), inv.size() * sizeof(double),
+                               cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s) {
+    const int64_t T = m.shape.tokens();
+    CUDA_CHECK(cudaMemcpyAsync(m.tokens, tokens, T * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(m.targets, targets, T * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    EmbeddingGroups& g = m.emb_groups;
+    g.build(tokens, T);
+    CUDA_CHECK(cudaMemcpyAsync(m.emb_group_token, g.token.data(), g.token.size() * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(m.emb_group_begin, g.begin.data(), g.begin.size() * sizeof(int64_t),
+                               cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(m.emb_positions, g.position.data(), T * sizeof(int64_t),
+                               cudaMemcpyHostToDevice, s));
+    m.n_valid_targets = 0;
+    for (int64_t t = 0; t < T; t++) m.n_valid_targets += targets[t] >= 0;
+    // The copies above read host memory that the caller may reuse: finish them now.
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+static AttentionShape attention_shape(const Model& m) {
+    return {m.shape.batch, m.shape.seq, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim};
+}
+
+static void layer_forward(Model& m, int l, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t T = m.shape.tokens(), D = c.dim, F = c.ffn_dim;
+    // Attention block.
+    rmsnorm_forward(a.xn1, a.rstd1, a.x_in, m.w(P_ATTN_NORM, l), T, c.dim, c.norm_eps, s);
+    linear_forward(a.qkv, a.xn1, m.w(P_WQKV, l), nullptr, T, D, c.qkv_dim(), s);
+    rope_apply(a.qkv, T, m.shape.seq, 0, c.n_heads + c.n_kv_heads, c.head_dim, c.qkv_dim(),
+               m.inv_freq, false, s);
+    AttentionForwardArgs fa{a.qkv, a.qkv + c.q_dim(), a.qkv + c.q_dim() + c.kv_dim(),
+                            c.qkv_dim(), c.qkv_dim(), c.qkv_dim(), a.att, c.q_dim(), a.lse};
+    attention_forward(fa, attention_shape(m), s);
+    linear_forward(a.x_mid, a.att, m.w(P_WO, l), a.x_in, T, c.q_dim(), D, s);
+    // MLP block.
+    rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, m.w(P_MLP_NORM, l), T, c.dim, c.norm_eps, s);
+    linear_forward(a.h13, a.xn2, m.w(P_W13, l), nullptr, T, D, 2 * F, s);
+    swiglu_forward(a.act, a.h13, T, F, s);
+    linear_forward(a.x_out, a.act, m.w(P_W2, l), a.x_mid, T, F, D, s);
+}
+
+// On entry m.dres holds d loss / d x_out of layer l; on exit d loss / d x_in.
+static void layer_backward(Model& m, int l, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t T = m.shape.tokens(), D = c.dim, F = c.ffn_dim;
+    // MLP block: x_out = x_mid + swiglu(norm(x_mid) W13^T) W2^T.
+    bf16* dact = m.dnarrow;
+    bf16* dh13 = m.dwide;
+    linear_backward_input(dact, m.dres, m.w(P_W2, l), T, F, D, s);
+    linear_backward_weight(m.g(P_W2, l), m.dres, a.act, T, F, D, s);
+    swiglu_backward(dh13, dact, a.h13, T, F, s);
+    linear_backward_input(m.dxn, dh13, m.w(P_W13, l), T, D, 2 * F, s);
+    linear_backward_weight(m.g(P_W13, l), dh13, a.xn2, T, D, 2 * F, s);
+    rmsnorm_backward(m.dres, m.g(P_MLP_NORM, l), m.dxn, a.x_mid, m.w(P_MLP_NORM, l), a.rstd2, T,
+                     c.dim, true, m.norm_partial, s);
+    // Attention block: x_mid = x_in + attention(rope(norm(x_in) Wqkv^T)) Wo^T.
+    bf16* datt = m.dnarrow;
+    bf16* dqkv = m.dwide;
+    linear_backward_input(datt, m.dres, m.w(P_WO, l), T, c.q_dim(), D, s);
+    linear_backward_weight(m.g(P_WO, l), m.dres, a.att, T, c.q_dim(), D, s);
+    const int64_t W = c.qkv_dim();
+    AttentionBackwardArgs ba{a.qkv, a.qkv + c.q_dim(), a.qkv + c.q_dim() + c.kv_dim(), a.att,
+                             datt, W, W, W, c.q_dim(), c.q_dim(), a.lse, dqkv,
+                             dqkv + c.q_dim(), dqkv + c.q_dim() + c.kv_dim(), W, W, W, m.delta};
+    attention_backward(ba, attention_shape(m), s);
+    rope_apply(dqkv, T, m.shape.seq, 0, c.n_heads + c.n_kv_heads, c.head_dim, W, m.inv_freq,
+               true, s);
+    linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), T, D, W, s);
+    linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, T, D, W, s);
+    rmsnorm_backward(m.dres, m.g(P_ATTN_NORM, l), m.dxn, a.x_in, m.w(P_ATTN_NORM, l), a.rstd1, T,
+                     c.dim, true, m.norm_partial, s);
+}
+
+static ParamKind head_kind(const LlamaConfig& c) { return c.tied_embeddings ? P_EMBED : P_LM_HEAD; }
+
+void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void* ctx) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t T = m.shape.tokens(), D = c.dim;
+    const int L = c.n_layers;
+    CUDA_CHECK(cudaMemsetAsync(m.grad, 0, m.layout.total * sizeof(float), s));
+
+    // Forward.
+    embedding_forward(m.residual, m.tokens, m.w(P_EMBED), T, c.dim, s);
+    for (int l = 0; l < L; l++) {
+        layer_forward(m, l, s);
+        if (progress) progress(ctx, "fwd", l);
+    }
+    bf16* x_final = m.residual + (int64_t)L * T * D;
+    rmsnorm_forward(m.xnf, m.rstdf, x_final, m.w(P_FINAL_NORM), T, c.dim, c.norm_eps, s);
+    linear_forward(m.logits, m.xnf, m.w(head_kind(c)), nullptr, T, D, c.vocab, s);
+
+    // Loss and its gradient. The mean is over the valid targets, counted on the host.
+    float grad_scale = m.n_valid_targets > 0 ? 1.0f / (float)m.n_valid_targets : 0.0f;
+    cross_entropy_forward_backward(m.logits, m.losses, m.targets, T, c.vocab, grad_scale, s);
+    sum_floats(m.scalars + 0, m.losses, T, m.reduce_scratch, s);
+
+    // Backward: LM head and final norm, then the layers in reverse, then the embedding.
+    linear_backward_input(m.dxn, m.logits, m.w(head_kind(c)), T, D, c.vocab, s);
+    linear_backward_weight(m.g(head_kind(c)), m.logits, m.xnf, T, D, c.vocab, s);
+    rmsnorm_backward(m.dres, m.g(P_FINAL_NORM), m.dxn, x_final, m.w(P_FINAL_NORM), m.rstdf, T,
+                     c.dim, false, m.norm_partial, s);
+    for (int l = L - 1; l >= 0; l--) {
+        layer_backward(m, l, s);
+        if (progress) progress(ctx, "bwd", l);
+    }
+    embedding_backward(m.g(P_EMBED), m.dres, m.emb_group_token, m.emb_group_begin,
+                       m.emb_positions, (int64_t)m.emb_groups.token.size(), c.dim, s);
+}
+
+void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s) {
+    sum_squares(m.scalars + 1, m.grad, m.layout.total, m.reduce_scratch, s);
+    clip_scale(m.scalars + 2, m.scalars + 1, max_grad_norm, s);
+    for (const auto& t : m.layout.tensors)
+        adamw_update(m.master + t.offset, m.weights + t.offset, m.grad + t.offset,
+                     m.adam_m + t.offset, m.adam_v + t.offset, t.numel(), opt, t.decay,
+                     m.scalars + 2, s);
+}
+
+double model_step_flops(const LlamaConfig& c, const RunShape& shape) {
+    double matmul = 6.0 * (double)count_matmul_params(c) * (double)shape.tokens();
+    AttentionShape sh{shape.batch, shape.seq, c.n_heads, c.n_kv_heads, c.head_dim};
+    double attn = 3.5 * attention_forward_flops(sh) * c.n_layers;
+    return matmul + attn;
+}

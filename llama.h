@@ -1,0 +1,273 @@
+// llama.h - the GPU side shared by llama.cu, attention.cu, train.cpp and the tests:
+// error checks, the tracked allocator (an arena with a static plan), the kernels' launchers,
+// and the model/step structures.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+typedef __nv_bfloat16 bf16;
+
+// ---------------------------------------------------------------------------------------------
+// Error checks. A failing CUDA call is a runtime failure (exit code 1) naming the call and place;
+// an out-of-memory from the CUDA runtime becomes the out-of-memory exit code (3).
+void cuda_check(cudaError_t err, const char* what, const char* file, int line);
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+#define CUDA_CHECK_LAUNCH() cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+// ---------------------------------------------------------------------------------------------
+// Tracked device memory: an arena with a static plan.
+//
+// Every buffer of a step is declared once, by name and category, through Arena::take(). The
+// declaring code runs twice: first as a dry run (nothing is allocated, only sizes are summed:
+// that is the plan, available without a GPU for --plan), then for real, after one cudaMalloc of
+// the planned total. So the peak is known before any compute starts, an out-of-memory is
+// reported before the first kernel with the exact number of bytes the step needs, and the plan
+// and the allocation cannot disagree: they are the same code.
+struct ArenaEntry {
+    std::string name;
+    MemCategory category;
+    int64_t offset, bytes;
+};
+
+class Arena {
+  public:
+    // Dry run: record sizes only. take() returns nullptr.
+    Arena() = default;
+    // Real: carve from [base, base + capacity) following the same sequence of take() calls.
+    void begin_real(char* base, int64_t capacity);
+
+    template <class T>
+    T* take(const std::string& name, MemCategory cat, int64_t count) {
+        return (T*)take_bytes(name, cat, count * (int64_t)sizeof(T));
+    }
+    void* take_bytes(const std::string& name, MemCategory cat, int64_t bytes);
+
+    int64_t total() const { return offset_; }
+    int64_t category_bytes(int cat) const { return by_category_[cat]; }
+    const std::vector<ArenaEntry>& entries() const { return entries_; }
+    // Restart the sequence of take() calls (for the real pass after a dry one).
+    void rewind();
+
+  private:
+    char* base_ = nullptr;
+    int64_t capacity_ = 0;
+    int64_t offset_ = 0;
+    int64_t by_category_[MEM_NUM_CATEGORIES] = {};
+    std::vector<ArenaEntry> entries_;
+};
+
+// The device as the memory accounting sees it.
+struct DeviceMemory {
+    int device = 0;
+    int64_t total_bytes = 0;     // what the card has (cudaMemGetInfo)
+    int64_t runtime_bytes = 0;   // used before our first allocation: CUDA context, cuBLAS
+    int64_t cap_bytes = 0;       // --mem-cap-gib, or total_bytes without a cap
+    char* slab = nullptr;        // the arena's one allocation
+    int64_t slab_bytes = 0;
+    int64_t driver_used_bytes() const;  // cudaMemGetInfo now: total - free
+};
+
+// The estimated runtime overhead when no GPU is present (--plan); measured on an H200 with
+// CUDA 13.0 (context + cuBLAS handle + cuBLASLt), see README.
+constexpr double RUNTIME_OVERHEAD_ESTIMATE_GIB = 0.55;
+
+// Report an out-of-memory (category breakdown, what the step needs, next stage) and throw the
+// exit-code-3 Fatal. `needed` is the arena total; `available` what the cap leaves for it.
+[[noreturn]] void report_oom(const Arena& plan, int64_t runtime_bytes, int64_t cap_bytes,
+                             const std::string& what, const std::string& hint);
+
+// ---------------------------------------------------------------------------------------------
+// cuBLASLt matrix products, row-major: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * Cin.
+// A and B bf16; C bf16 or fp32 (`c_fp32`); Cin may alias C or be another buffer of the same type
+// (residual adds: out = residual + x W^T in one call). fp32 accumulation always.
+struct Gemm;
+void gemm_init(size_t workspace_bytes, void* workspace);
+void gemm_destroy();
+void gemm_rm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const bf16* A,
+             int64_t lda, const bf16* B, int64_t ldb, void* C, int64_t ldc, bool c_fp32,
+             float alpha, float beta, const void* Cin, cudaStream_t stream);
+
+// The three products of a linear layer y = x W^T, W [out, in]:
+void linear_forward(bf16* y, const bf16* x, const bf16* W, const bf16* residual, int64_t T,
+                    int64_t in, int64_t out, cudaStream_t s);  // y = x W^T (+ residual)
+void linear_backward_input(bf16* dx, const bf16* dy, const bf16* W, int64_t T, int64_t in,
+                           int64_t out, cudaStream_t s);       // dx = dy W
+void linear_backward_weight(float* dW, const bf16* dy, const bf16* x, int64_t T, int64_t in,
+                            int64_t out, cudaStream_t s);      // dW += dy^T x (fp32)
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise and reduction kernels of the model (llama.cu). T = tokens, row-major [T, width].
+void embedding_forward(bf16* x, const int32_t* tokens, const bf16* embed, int64_t T, int D,
+                       cudaStream_t s);
+// Deterministic embedding backward: tokens grouped on the host (EmbeddingGroups), each group's
+// rows summed in a fixed order, added to the fp32 gradient.
+struct EmbeddingGroups {
+    std::vector<int32_t> token;     // distinct tokens
+    std::vector<int64_t> begin;     // positions of token[i] are position[begin[i] .. begin[i+1])
+    std::vector<int64_t> position;  // token positions, grouped, ascending within a group
+    void build(const int32_t* tokens, int64_t T);
+};
+void embedding_backward(float* dembed, const bf16* dx, const int32_t* group_token,
+                        const int64_t* group_begin, const int64_t* positions, int64_t n_groups,
+                        int D, cudaStream_t s);
+
+void rmsnorm_forward(bf16* y, float* rstd, const bf16* x, const bf16* w, int64_t T, int D,
+                     float eps, cudaStream_t s);
+// dx (+)= d/dx; dw += d/dw (fp32). `partial` is scratch of rmsnorm_partial_floats(D) floats.
+void rmsnorm_backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w,
+                      const float* rstd, int64_t T, int D, bool accumulate_dx, float* partial,
+                      cudaStream_t s);
+int64_t rmsnorm_partial_floats(int D);
+
+// RoPE in place on n_heads heads of head_dim values per row (row stride `ld` elements).
+// Token t has position pos0 + t % seq. inv_freq: head_dim/2 doubles on the device.
+// inverse = true is the backward.
+void rope_apply(bf16* x, int64_t T, int64_t seq, int64_t pos0, int n_heads, int head_dim,
+                int64_t ld, const double* inv_freq, bool inverse, cudaStream_t s);
+
+void swiglu_forward(bf16* act, const bf16* h13, int64_t T, int F, cudaStream_t s);
+void swiglu_backward(bf16* dh13, const bf16* dact, const bf16* h13, int64_t T, int F,
+                     cudaStream_t s);
+
+// Fused cross-entropy forward and backward: losses[t] = lse_t - logit[t, target_t] (0 when
+// target -1); the logits are overwritten by d(loss_sum * grad_scale)/d logits.
+void cross_entropy_forward_backward(bf16* logits, float* losses, const int32_t* targets,
+                                    int64_t T, int V, float grad_scale, cudaStream_t s);
+
+// Deterministic sum of n floats (two passes). scratch: sum_scratch_floats() floats.
+void sum_floats(float* out, const float* x, int64_t n, float* scratch, cudaStream_t s);
+void sum_squares(float* out, const float* x, int64_t n, float* scratch, cudaStream_t s);
+int64_t sum_scratch_floats();
+
+// AdamW on n values (torch.optim.AdamW semantics), grads first multiplied by *grad_scale (a
+// device value, so clipping needs no host round trip); bf16 copy of the new weights written.
+struct AdamW {
+    float lr, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+    int step;  // counts from 1
+};
+void adamw_update(float* master, bf16* weights, const float* grad, float* m, float* v,
+                  int64_t n, const AdamW& opt, bool decay, const float* grad_scale,
+                  cudaStream_t s);
+// grad_scale = min(1, max_norm / (sqrt(*sumsq) + 1e-6)), on the device.
+void clip_scale(float* grad_scale, const float* sumsq, float max_norm, cudaStream_t s);
+
+void fill_bf16(bf16* x, int64_t n, float value, cudaStream_t s);
+void convert_f32_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s);
+// Deterministic init: N(0, std) from a counter-based hash of (seed, index).
+void init_normal(float* x, int64_t n, float stddev, uint64_t seed, cudaStream_t s);
+void init_constant(float* x, int64_t n, float value, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// Flash attention (attention.cu): causal, grouped-query, bf16 in/out, fp32 accumulation and
+// log-sum-exp. Never materializes the S x S matrix; all offsets 64-bit.
+//
+// q, k, v: rows of B*S tokens; head h of token t is at q[t*ldq + h*head_dim] (so q, k, v can be
+// column slices of one fused QKV buffer). out likewise with ldo. lse: [B, Hq, S] fp32 natural log.
+struct AttentionShape {
+    int batch;
+    int64_t seq;
+    int n_heads, n_kv_heads, head_dim;
+};
+struct AttentionForwardArgs {
+    const bf16 *q, *k, *v;
+    int64_t ldq, ldk, ldv;
+    bf16* out;
+    int64_t ldo;
+    float* lse;
+};
+struct AttentionBackwardArgs {
+    const bf16 *q, *k, *v, *out, *dout;
+    int64_t ldq, ldk, ldv, ldo, lddo;
+    const float* lse;
+    bf16 *dq, *dk, *dv;
+    int64_t lddq, lddk, lddv;
+    float* delta;  // scratch [B, Hq, S]: rowsum(dout * out)
+};
+void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
+void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh,
+                        cudaStream_t s);
+// The FLOPs of causal attention, REFERENCE.md's convention: forward 4*S*S*d*Hq/2 per sequence,
+// backward 2.5 x forward.
+double attention_forward_flops(const AttentionShape& sh);
+
+// ---------------------------------------------------------------------------------------------
+// The model on one GPU (llama.cu).
+struct RunShape {
+    int batch = 1;     // sequences per step on this GPU
+    int64_t seq = 0;   // tokens per sequence
+    int64_t tokens() const { return batch * seq; }
+};
+
+struct LayerActivations {  // what layer l's backward needs, all [T, ...] bf16 unless noted
+    bf16* x_in;     // block input (the residual stream), = x_out of layer l-1
+    bf16* xn1;      // attention RMSNorm output
+    float* rstd1;   // [T]
+    bf16* qkv;      // [T, qkv_dim], q and k after RoPE
+    bf16* att;      // [T, q_dim] attention output
+    float* lse;     // [B, Hq, S]
+    bf16* x_mid;    // residual after attention
+    bf16* xn2;      // MLP RMSNorm output
+    float* rstd2;
+    bf16* h13;      // [T, 2F] gate | up
+    bf16* act;      // [T, F] silu(gate) * up
+    bf16* x_out;    // residual after the MLP, = x_in of layer l+1
+};
+
+struct Model {
+    LlamaConfig cfg;
+    ParamLayout layout;
+    RunShape shape;
+    // model states (category "model"): flat, param_layout offsets
+    float *master = nullptr, *grad = nullptr, *adam_m = nullptr, *adam_v = nullptr;
+    bf16* weights = nullptr;
+    // activations
+    std::vector<LayerActivations> layers;
+    bf16* residual = nullptr;  // [L+1, T, D]: x_in of every layer and the final output
+    bf16 *xnf = nullptr, *logits = nullptr;
+    float *rstdf = nullptr, *losses = nullptr;
+    // backward scratch, shared by all layers
+    bf16 *dres = nullptr, *dxn = nullptr, *dwide = nullptr, *dnarrow = nullptr;
+    float *delta = nullptr, *norm_partial = nullptr, *reduce_scratch = nullptr;
+    float *scalars = nullptr;  // [0] loss sum, [1] grad sum of squares, [2] clip scale
+    // inputs
+    int32_t *tokens = nullptr, *targets = nullptr;
+    int64_t n_valid_targets = 0;  // targets != -1 in this step's batch (the loss is their mean)
+    EmbeddingGroups emb_groups;   // host side of the embedding backward's grouping
+    int32_t* emb_group_token = nullptr;
+    int64_t *emb_group_begin = nullptr, *emb_positions = nullptr;
+    double* inv_freq = nullptr;
+    void* gemm_workspace = nullptr;
+    size_t gemm_workspace_bytes = 32u << 20;
+
+    const ParamTensor& param(ParamKind k, int layer = -1) const { return layout.find(k, layer); }
+    bf16* w(ParamKind k, int layer = -1) const { return weights + param(k, layer).offset; }
+    float* g(ParamKind k, int layer = -1) const { return grad + param(k, layer).offset; }
+};
+
+// Declare every buffer of a step in the arena (dry run or real; see Arena).
+void model_declare_buffers(Model& m, Arena& arena);
+// Allocate the planned buffers: `arena` holds the dry run's plan. Checks plan + runtime against
+// dm.cap_bytes first and reports an out-of-memory (exit code 3) naming what does not fit, with
+// `oom_hint` as the suggested next step. Then one cudaMalloc, the real pass, cuBLASLt workspace.
+void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string& oom_hint);
+void model_free(DeviceMemory& dm);
+// Initialize weights (HF's scheme: N(0, 0.02), norm gains 1) from a seed; zero AdamW moments.
+void model_init_weights(Model& m, uint64_t seed, cudaStream_t s);
+// Upload this step's tokens and targets (host arrays of shape.tokens()).
+void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s);
+// Forward and backward of one step. Returns nothing; the loss sum lands in m.scalars[0].
+// progress (may be null) is called after each layer with (phase "fwd"/"bwd", layer index).
+typedef void (*ProgressFn)(void* ctx, const char* phase, int layer);
+void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress = nullptr,
+                            void* progress_ctx = nullptr);
+// Gradient clipping and AdamW over all parameters. Returns nothing (grad norm in scalars[1]).
+void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s);
+// FLOPs of one training step (forward + backward), for TFLOP/s and MFU.
+double model_step_flops(const LlamaConfig& cfg, const RunShape& shape);

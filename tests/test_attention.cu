@@ -1,0 +1,203 @@
+// tests/test_attention.cu - flash attention forward and backward against the float64 reference:
+// GQA, head dims 64 and 128, sequence lengths that are not multiples of the tiles, q/k/v as
+// column slices of one fused QKV buffer (as the model uses them), poisoned outputs. Then one long
+// sequence whose element offsets pass 2^31, checked on sampled rows and keys in float64.
+#include <algorithm>
+#include <cmath>
+
+#include "gpu_util.h"
+#include "reference.h"
+
+namespace {
+
+struct Case {
+    int B;
+    int64_t S;
+    int Hq, Hkv, d;
+};
+
+std::string name(const Case& c) {
+    return "B" + std::to_string(c.B) + " S" + std::to_string(c.S) + " Hq" + std::to_string(c.Hq) + " Hkv" +
+           std::to_string(c.Hkv) + " d" + std::to_string(c.d);
+}
+
+// A fused [T, (Hq + 2 Hkv) d] buffer on the device, and q, k, v as dense copies for the reference.
+struct Qkv {
+    int64_t T, ld, qd, kd;
+    std::vector<double> fused, q, k, v;
+    Qkv(const Case& c, std::mt19937_64& rng) {
+        T = c.B * c.S;
+        qd = (int64_t)c.Hq * c.d;
+        kd = (int64_t)c.Hkv * c.d;
+        ld = qd + 2 * kd;
+        fused = rounded_bf16(random_normal(T * ld, rng));
+        q = columns(fused, T, ld, 0, qd);
+        k = columns(fused, T, ld, qd, kd);
+        v = columns(fused, T, ld, qd + kd, kd);
+    }
+};
+
+class AttentionCases : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
+    REQUIRE_GPU();
+    const Case c = GetParam();
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(name(c) + " seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    Qkv in(c, rng);
+    const int64_t T = in.T;
+    auto dout = rounded_bf16(random_normal(T * in.qd, rng));
+
+    std::vector<double> out_ref(T * in.qd), lse_ref((int64_t)c.B * c.Hq * c.S);
+    ref::attention_forward(in.q.data(), in.k.data(), in.v.data(), out_ref.data(), lse_ref.data(), c.B, c.S, c.Hq,
+                           c.Hkv, c.d);
+    std::vector<double> dq_ref(T * in.qd), dk_ref(T * in.kd), dv_ref(T * in.kd);
+    ref::attention_backward(in.q.data(), in.k.data(), in.v.data(), dout.data(), dq_ref.data(), dk_ref.data(),
+                            dv_ref.data(), c.B, c.S, c.Hq, c.Hkv, c.d);
+
+    DeviceBuffer<bf16> qkv(T * in.ld), out(T * in.qd), d_dout(T * in.qd), dqkv(T * in.ld);
+    DeviceBuffer<float> lse((int64_t)c.B * c.Hq * c.S), delta((int64_t)c.B * c.Hq * c.S);
+    upload(qkv, in.fused), upload(d_dout, dout);
+    poison(out.ptr, T * in.qd), poison(lse.ptr, lse.n), poison(dqkv.ptr, T * in.ld);
+    AttentionShape sh{c.B, c.S, c.Hq, c.Hkv, c.d};
+    AttentionForwardArgs fa{qkv, qkv + in.qd, qkv + in.qd + in.kd, in.ld, in.ld, in.ld, out, in.qd, lse};
+    attention_forward(fa, sh, 0);
+    AttentionBackwardArgs ba{qkv, qkv + in.qd, qkv + in.qd + in.kd, out, d_dout, in.ld, in.ld, in.ld, in.qd, in.qd,
+                             lse, dqkv, dqkv + in.qd, dqkv + in.qd + in.kd, in.ld, in.ld, in.ld, delta};
+    attention_backward(ba, sh, 0);
+
+    EXPECT_LT(rel_error(download(out.ptr, T * in.qd), out_ref), TOL_BF16);
+    EXPECT_LT(rel_error(download(lse.ptr, lse.n), lse_ref), TOL_FP32);
+    auto dqkv_h = download(dqkv.ptr, T * in.ld);
+    EXPECT_LT(rel_error(columns(dqkv_h, T, in.ld, 0, in.qd), dq_ref), TOL_BF16);
+    EXPECT_LT(rel_error(columns(dqkv_h, T, in.ld, in.qd, in.kd), dk_ref), TOL_BF16);
+    EXPECT_LT(rel_error(columns(dqkv_h, T, in.ld, in.qd + in.kd, in.kd), dv_ref), TOL_BF16);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCases,
+                         ::testing::Values(Case{1, 1, 2, 1, 64},        // a single token
+                                           Case{1, 64, 2, 2, 128},      // exactly one tile, no GQA
+                                           Case{2, 130, 4, 2, 64},      // two sequences, ragged tail
+                                           Case{1, 200, 6, 2, 128},     // GQA group of 3
+                                           Case{1, 333, 8, 1, 64},      // all heads share one KV head
+                                           Case{3, 97, 3, 3, 128}));    // odd everything
+
+// ---------------------------------------------------------------------------------------------
+// A long sequence: 2^18 + 77 tokens in a fused buffer with a row stride of 9216 elements, so row
+// offsets pass 2^31 elements (a 32-bit index would wrap). Checked in float64 on sampled query
+// rows (output, lse, dq) and sampled keys (dk, dv), using the device's lse and delta = rowsum(dO*O)
+// for the other rows (lse is itself checked on the sampled rows).
+TEST(AttentionLong, SampledRowsAndKeysMatchFloat64) {
+    REQUIRE_GPU();
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    const int64_t S = (1 << 18) + 77, ld = 9216;
+    const int Hq = 2, Hkv = 1, d = 128;
+    const int64_t qd = Hq * d, kd = Hkv * d, w = qd + 2 * kd;  // q | k | v columns used
+    ASSERT_GT(S * ld, (int64_t)1 << 31);
+
+    // Host copies hold only the used columns, densely; the device buffers are strided.
+    std::uniform_real_distribution<float> ud(-1.7f, 1.7f);
+    std::vector<bf16> h_in(S * w), h_dout(S * qd);
+    for (auto& x : h_in) x = __float2bfloat16(ud(rng));
+    for (auto& x : h_dout) x = __float2bfloat16(ud(rng));
+    DeviceBuffer<bf16> qkv(S * ld), out(S * qd), dout(S * qd), dqkv(S * ld);
+    DeviceBuffer<float> lse(Hq * S), delta(Hq * S);
+    CUDA_CHECK(cudaMemcpy2D(qkv.ptr, ld * 2, h_in.data(), w * 2, w * 2, S, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dout.ptr, h_dout.data(), S * qd * 2, cudaMemcpyHostToDevice));
+    poison(out.ptr, out.n), poison(lse.ptr, lse.n), poison(dqkv.ptr, dqkv.n);
+    AttentionShape sh{1, S, Hq, Hkv, d};
+    AttentionForwardArgs fa{qkv, qkv + qd, qkv + qd + kd, ld, ld, ld, out, qd, lse};
+    attention_forward(fa, sh, 0);
+    AttentionBackwardArgs ba{qkv, qkv + qd, qkv + qd + kd, out, dout, ld, ld, ld, qd, qd,
+                             lse, dqkv, dqkv + qd, dqkv + qd + kd, ld, ld, ld, delta};
+    attention_backward(ba, sh, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    std::vector<bf16> h_out(S * qd), h_grad(S * w);
+    std::vector<float> h_lse(Hq * S);
+    CUDA_CHECK(cudaMemcpy(h_out.data(), out.ptr, S * qd * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy2D(h_grad.data(), w * 2, dqkv.ptr, ld * 2, w * 2, S, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h_lse.data(), lse.ptr, Hq * S * 4, cudaMemcpyDeviceToHost));
+
+    // float copies for fast CPU loops (values are exact bf16); sums in float64.
+    std::vector<float> fin(S * w), fdo(S * qd);
+    for (int64_t i = 0; i < S * w; i++) fin[i] = __bfloat162float(h_in[i]);
+    for (int64_t i = 0; i < S * qd; i++) fdo[i] = __bfloat162float(h_dout[i]);
+    auto Q = [&](int64_t t, int h) { return &fin[t * w + h * d]; };
+    auto K = [&](int64_t t) { return &fin[t * w + qd]; };
+    auto V = [&](int64_t t) { return &fin[t * w + qd + kd]; };
+    auto dO = [&](int64_t t, int h) { return &fdo[t * qd + h * d]; };
+    auto dot = [&](const float* a, const float* b) {
+        double s = 0;
+        for (int c = 0; c < d; c++) s += (double)a[c] * b[c];
+        return s;
+    };
+    const double scale = 1.0 / std::sqrt((double)d);
+    auto f = [](bf16 x) { return (double)__bfloat162float(x); };
+
+    std::vector<int64_t> rows = {0, 1, 63, 64, 4097, S - 1};
+    for (int k = 0; k < 2; k++) rows.push_back((int64_t)(rng() % S));
+    std::vector<double> got, want, got_lse, want_lse, got_dq, want_dq;
+    for (int64_t i : rows)
+        for (int h = 0; h < Hq; h++) {
+            std::vector<double> s(i + 1);
+            double m = -INFINITY, l = 0;
+            for (int64_t j = 0; j <= i; j++) m = std::max(m, s[j] = scale * dot(Q(i, h), K(j)));
+            for (int64_t j = 0; j <= i; j++) l += std::exp(s[j] - m);
+            const double lse_i = m + std::log(l);
+            std::vector<double> o(d, 0.0), dq(d, 0.0);
+            for (int64_t j = 0; j <= i; j++) {
+                double p = std::exp(s[j] - lse_i);
+                for (int c = 0; c < d; c++) o[c] += p * V(j)[c];
+            }
+            double delta_i = 0;
+            for (int c = 0; c < d; c++) delta_i += o[c] * dO(i, h)[c];
+            for (int64_t j = 0; j <= i; j++) {
+                double ds = std::exp(s[j] - lse_i) * (dot(dO(i, h), V(j)) - delta_i);
+                for (int c = 0; c < d; c++) dq[c] += scale * ds * K(j)[c];
+            }
+            got_lse.push_back(h_lse[h * S + i]);
+            want_lse.push_back(lse_i);
+            for (int c = 0; c < d; c++) {
+                got.push_back(f(h_out[i * qd + h * d + c])), want.push_back(o[c]);
+                got_dq.push_back(f(h_grad[i * w + h * d + c])), want_dq.push_back(dq[c]);
+            }
+        }
+    EXPECT_LT(rel_error(got, want), TOL_BF16);
+    EXPECT_LT(rel_error(got_lse, want_lse), TOL_FP32);
+    EXPECT_LT(rel_error(got_dq, want_dq), TOL_BF16);
+
+    // dK, dV of sampled keys: sums over every later query of both heads of the GQA group.
+    std::vector<double> delta_h(Hq * S);  // rowsum(dO * O) with the device's O, by definition
+    for (int h = 0; h < Hq; h++)
+        for (int64_t i = 0; i < S; i++) {
+            double s = 0;
+            for (int c = 0; c < d; c++) s += dO(i, h)[c] * f(h_out[i * qd + h * d + c]);
+            delta_h[h * S + i] = s;
+        }
+    std::vector<int64_t> keys = {0, S / 3, S - 100, S - 1};
+    std::vector<double> got_dk, want_dk, got_dv, want_dv;
+    for (int64_t j : keys) {
+        std::vector<double> dk(d, 0.0), dv(d, 0.0);
+        for (int h = 0; h < Hq; h++)
+            for (int64_t i = j; i < S; i++) {
+                double p = std::exp(scale * dot(Q(i, h), K(j)) - (double)h_lse[h * S + i]);
+                double ds = p * (dot(dO(i, h), V(j)) - delta_h[h * S + i]);
+                for (int c = 0; c < d; c++) {
+                    dv[c] += p * dO(i, h)[c];
+                    dk[c] += scale * ds * Q(i, h)[c];
+                }
+            }
+        for (int c = 0; c < d; c++) {
+            got_dk.push_back(f(h_grad[j * w + qd + c])), want_dk.push_back(dk[c]);
+            got_dv.push_back(f(h_grad[j * w + qd + kd + c])), want_dv.push_back(dv[c]);
+        }
+    }
+    EXPECT_LT(rel_error(got_dk, want_dk), TOL_BF16);
+    EXPECT_LT(rel_error(got_dv, want_dv), TOL_BF16);
+}
+
+}  // namespace

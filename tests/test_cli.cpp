@@ -1,0 +1,218 @@
+// tests/test_cli.cpp - the program's surface, on the CPU: flags and their errors, the learning
+// rate schedule, the synthetic data, the memory plan's formulas, and the binary's exit codes.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+
+#include "../llama.h"
+#include "../train.h"
+#include "test_util.h"
+
+namespace {
+
+// The exit code a Fatal would carry, or -1 if fn does not throw one.
+int fatal_code(const std::function<void()>& fn) {
+    try {
+        fn();
+    } catch (const Fatal& f) {
+        return f.code;
+    }
+    return -1;
+}
+
+Options parse(std::vector<std::string> args) {
+    args.insert(args.begin(), "train");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(&a[0]);
+    return parse_options((int)argv.size(), argv.data());
+}
+
+TEST(Flags, TokenCountsWithSuffixes) {
+    EXPECT_EQ(parse_tokens("--seq-len", "12"), 12);
+    EXPECT_EQ(parse_tokens("--seq-len", "8K"), 8192);
+    EXPECT_EQ(parse_tokens("--seq-len", "8k"), 8192);
+    EXPECT_EQ(parse_tokens("--seq-len", "3M"), 3LL * 1024 * 1024);
+    for (const char* bad : {"", "abc", "-5", "5G", "0", "1.5K", "K", "99999999999999M"})
+        EXPECT_EQ(fatal_code([&] { parse_tokens("--seq-len", bad); }), EXIT_USAGE) << "'" << bad << "'";
+}
+
+TEST(Flags, ParsesBothSpellingsAndDefaults) {
+    Options o = parse({"--config", "llama3.1-8b", "--seq-len=64K", "--steps", "7", "--lr=1e-3", "--plan"});
+    EXPECT_EQ(o.config, "llama3.1-8b");
+    EXPECT_EQ(o.seq_len, 65536);
+    EXPECT_EQ(o.steps, 7);
+    EXPECT_DOUBLE_EQ(o.lr, 1e-3);
+    EXPECT_TRUE(o.plan);
+    Options d = parse({});
+    EXPECT_EQ(d.config, "llama3.2-3b");
+    EXPECT_EQ(d.seq_len, 8192);
+}
+
+TEST(Flags, BadValuesAreUsageErrors) {
+    std::vector<std::vector<std::string>> bad = {
+        {"--frobnicate"}, {"--steps", "-1"}, {"--steps", "ten"}, {"--task", "sort"}, {"--lr", "abc"},
+        {"--lr", "nan"}, {"--seq-len"}, {"--batch", "0"}, {"--layers", "0"}, {"--mem-cap-gib", "-3"},
+        {"--plan=yes"}, {"--task", "copy", "--seq-len", "3"}, {"--task-vocab", "1"}};
+    for (auto& args : bad) {
+        std::string joined;
+        for (auto& a : args) joined += a + " ";
+        EXPECT_EQ(fatal_code([&] { parse(args); }), EXIT_USAGE) << joined;
+    }
+}
+
+TEST(Flags, ConfigResolution) {
+    Options o = parse({"--config", "llama3.1-8b", "--layers", "3"});
+    LlamaConfig c = resolve_config(o);
+    EXPECT_EQ(c.n_layers, 3);
+    EXPECT_EQ(c.dim, 4096);
+    EXPECT_EQ(fatal_code([] { resolve_config(parse({"--config", "llama9"})); }), EXIT_USAGE);
+    EXPECT_EQ(fatal_code([] { resolve_config(parse({"--config", "tiny", "--task-vocab", "100000"})); }), EXIT_USAGE);
+}
+
+TEST(Configs, MatchPublishedModels) {
+    LlamaConfig c3 = config_by_name("llama3.2-3b"), c8 = config_by_name("llama3.1-8b");
+    EXPECT_NEAR(count_params(c3) / 1e9, 3.21, 0.01);
+    EXPECT_NEAR(count_params(c8) / 1e9, 8.03, 0.01);
+    EXPECT_TRUE(c3.tied_embeddings);
+    EXPECT_FALSE(c8.tied_embeddings);
+    EXPECT_EQ(c3.rope_scaling.factor, 32.0);  // not the 8 that some ports hard-code
+    EXPECT_EQ(c8.rope_scaling.factor, 8.0);
+}
+
+TEST(Schedule, WarmupThenCosine) {
+    Options o;
+    o.steps = 110, o.warmup = 10, o.lr = 1.0, o.min_lr_ratio = 0.1;
+    EXPECT_DOUBLE_EQ(lr_at(o, 0), 0.1);
+    EXPECT_DOUBLE_EQ(lr_at(o, 9), 1.0);
+    EXPECT_DOUBLE_EQ(lr_at(o, 10), 1.0);
+    EXPECT_NEAR(lr_at(o, 60), 0.55, 1e-12);  // halfway down the cosine
+    EXPECT_NEAR(lr_at(o, 110), 0.1, 1e-12);
+    for (int s = 10; s < 110; s++) EXPECT_LE(lr_at(o, s + 1), lr_at(o, s));
+}
+
+TEST(SyntheticData, CopyTaskRepeatsAndScoresOnlyTheCopy) {
+    const int B = 3, vocab = 50;
+    const int64_t S = 101;
+    SyntheticData d("copy", vocab, 5);
+    std::vector<int32_t> tok(B * S), tgt(B * S);
+    d.next(tok.data(), tgt.data(), B, S);
+    const int64_t half = (S + 1) / 2;  // the sequence of S + 1 tokens z: z[i + half] == z[i]
+    for (int b = 0; b < B; b++) {
+        const int32_t* t = &tok[b * S];
+        const int32_t* y = &tgt[b * S];
+        for (int64_t i = 0; i < S; i++) {
+            ASSERT_GE(t[i], 0);
+            ASSERT_LT(t[i], vocab);
+            if (i >= half) EXPECT_EQ(t[i], t[i - half]);
+            if (i + 1 < half) {
+                EXPECT_EQ(y[i], -1);  // not predictable: not scored
+            } else {
+                EXPECT_EQ(y[i], i + 1 < S ? t[i + 1] : t[i + 1 - half]);  // z[S] = z[S - half]
+            }
+        }
+    }
+    // Same seed, same data; another seed, other data.
+    SyntheticData d2("copy", vocab, 5), d3("copy", vocab, 6);
+    std::vector<int32_t> tok2(B * S), tgt2(B * S), tok3(B * S), tgt3(B * S);
+    d2.next(tok2.data(), tgt2.data(), B, S);
+    d3.next(tok3.data(), tgt3.data(), B, S);
+    EXPECT_EQ(tok, tok2);
+    EXPECT_NE(tok, tok3);
+}
+
+TEST(SyntheticData, RandomTaskScoresEverything) {
+    SyntheticData d("random", 7, 1);
+    std::vector<int32_t> tok(64), tgt(64);
+    d.next(tok.data(), tgt.data(), 1, 64);
+    for (int i = 0; i < 63; i++) EXPECT_EQ(tgt[i], tok[i + 1]);
+    EXPECT_GE(tgt[63], 0);
+}
+
+// The plan (dry run of the arena) against the per-token formulas in llama.cu's header.
+TEST(MemoryPlan, MatchesFormulas) {
+    for (const char* name : {"llama3.2-3b", "llama3.1-8b"}) {
+        SCOPED_TRACE(name);
+        Model m;
+        m.cfg = config_by_name(name);
+        m.shape.batch = 1;
+        m.shape.seq = 8192;
+        Arena plan;
+        model_declare_buffers(m, plan);
+        const LlamaConfig& c = m.cfg;
+        const double T = 8192, L = c.n_layers, D = c.dim, F = c.ffn_dim;
+        double model = 18.0 * count_params(c);
+        double attention = L * T * (2.0 * (c.qkv_dim() + c.q_dim()) + 4.0 * c.n_heads) + 4.0 * c.n_heads * T;
+        double other_layers = L * T * (2.0 * (4 * D + 3 * F) + 8.0);
+        EXPECT_NEAR(plan.category_bytes(MEM_MODEL) / model, 1.0, 1e-3);
+        EXPECT_NEAR(plan.category_bytes(MEM_ATTENTION) / attention, 1.0, 1e-3);
+        // other = the layers' activations + final output, logits (2 V per token) and backward scratch
+        double other = other_layers + T * D * 2 + T * (2.0 * D + 4 + 2.0 * c.vocab + 4) +
+                       T * 2.0 * (2 * D + std::max<double>(2 * F, c.qkv_dim()) + std::max<double>(F, c.q_dim())) +
+                       T * (4 + 4 + 8) + std::min<double>(T, c.vocab) * 12;
+        EXPECT_NEAR(plan.category_bytes(MEM_OTHER) / other, 1.0, 1e-3);
+        EXPECT_EQ(plan.category_bytes(MEM_COMM), 0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary itself: exit codes and messages.
+struct Result {
+    int code;
+    std::string output;
+};
+Result run_train(const std::string& args) {
+    std::string cmd = "./train " + args + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    int st = pclose(p);
+    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+bool have_binary() { return std::ifstream("./train").good(); }
+
+TEST(Binary, UsageErrorsExitWithTwo) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built (run from the repository root)";
+    Result r = run_train("--seq-len abc");
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.output.find("--seq-len"), std::string::npos) << r.output;
+    EXPECT_EQ(run_train("--config nope").code, 2);
+    Result h = run_train("--help");
+    EXPECT_EQ(h.code, 0);
+    EXPECT_NE(h.output.find("--mem-cap-gib"), std::string::npos);
+}
+
+TEST(Binary, PlanNeedsNoGpu) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    Result r = run_train("--plan --config llama3.1-8b --seq-len 64K --mem-cap-gib 80");
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("attention"), std::string::npos);
+    EXPECT_NE(r.output.find("OOM, needs"), std::string::npos) << r.output;  // stage 0 at 64K
+}
+
+TEST(Binary, NoGpuGivesAClearMessage) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    if (gpu_available()) GTEST_SKIP() << "this machine has a GPU";
+    Result r = run_train("--config tiny --seq-len 128 --steps 1");
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.output.find("no CUDA GPU"), std::string::npos) << r.output;
+}
+
+TEST(Binary, TrainsAndReportsOutOfMemory) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    REQUIRE_GPU();
+    Result ok = run_train("--config tiny --seq-len 256 --steps 3 --batch 2");
+    EXPECT_EQ(ok.code, 0) << ok.output;
+    EXPECT_NE(ok.output.find("step    3/3"), std::string::npos) << ok.output;
+    Result oom = run_train("--config small --seq-len 64K --steps 1 --mem-cap-gib 4");
+    EXPECT_EQ(oom.code, 3) << oom.output;
+    EXPECT_NE(oom.output.find("out of memory"), std::string::npos) << oom.output;
+    EXPECT_NE(oom.output.find("the step needs"), std::string::npos) << oom.output;
+}
+
+}  // namespace

@@ -1,0 +1,42 @@
+// tests/test_util.h - helpers shared by the test suites: GPU detection, random inputs, error norms.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+// True when a CUDA device can be used. Defined in tests/test_main.cpp (no CUDA headers here).
+bool gpu_available();
+
+// Skip the current test cleanly on a machine without a GPU (CI has none).
+#define REQUIRE_GPU()                                              \
+    do {                                                           \
+        if (!gpu_available()) GTEST_SKIP() << "no CUDA GPU";       \
+    } while (0)
+
+// ||a - b|| / ||b||, NaN if any value of a is not finite (so NaN never passes).
+inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        if (!std::isfinite(a[i])) return NAN;
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return std::sqrt(num) / std::sqrt(den > 0 ? den : 1e-300);
+}
+
+// Fresh random inputs every run: the seed comes from std::random_device and is printed on failure.
+inline uint64_t fresh_seed() {
+    std::random_device rd;
+    return ((uint64_t)rd() << 32) ^ rd();
+}
+
+inline std::vector<double> random_normal(int64_t n, std::mt19937_64& rng, double stddev = 1.0) {
+    std::normal_distribution<double> dist(0.0, stddev);
+    std::vector<double> v(n);
+    for (auto& x : v) x = dist(rng);
+    return v;
+}

@@ -1,0 +1,427 @@
+// train.cpp - the training program: flags, synthetic data, the memory plan, the training loop
+// and its logs. One process, one GPU (multi-GPU launch comes with FSDP and Ulysses).
+//
+//   ./train --config llama3.2-3b --seq-len 8K --steps 20      train, print one line a step
+//   ./train --config llama3.1-8b --seq-len 64K --plan         the memory plan, no GPU needed
+//   ./train --help                                            every flag
+#include "train.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "llama.h"
+
+// =============================================================================================
+// Flags
+std::string usage_text() {
+    return "usage: train [flags]\n"
+           "\n"
+           "Model and data\n"
+           "  --config NAME        " + known_config_names() + " (default llama3.2-3b)\n"
+           "  --layers N           override the number of transformer layers\n"
+           "  --seq-len N          tokens per sequence; suffixes K (x1024) and M (x1024^2), e.g. 8K, 3M (default 8K)\n"
+           "  --batch N            sequences per step (default 1)\n"
+           "  --task copy|random   synthetic data: copy = second half repeats the first (learnable only by\n"
+           "                       attending far back; only that half is scored), random = uniform tokens (default copy)\n"
+           "  --task-vocab N       synthetic tokens are drawn from [0, N) (default min(1024, vocabulary))\n"
+           "  --seed N             weights and data; the same seed gives the same losses (default 1234)\n"
+           "\n"
+           "Optimization (AdamW, fp32 master weights and moments, bf16 compute)\n"
+           "  --steps N            training steps (default 10)\n"
+           "  --lr X               peak learning rate (default 3e-4)\n"
+           "  --min-lr-ratio X     cosine decay ends at lr * X (default 0.1)\n"
+           "  --warmup N           linear warmup steps (default steps/10, at least 1)\n"
+           "  --weight-decay X     decoupled, matrices only (default 0.1)\n"
+           "  --grad-clip X        global gradient-norm clip, 0 = off (default 1.0)\n"
+           "\n"
+           "Memory and output\n"
+           "  --mem-cap-gib X      refuse what a card of X GiB could not hold (emulates an 80 GB H100 on an H200)\n"
+           "  --plan               print the memory plan per category and exit (no GPU needed)\n"
+           "  --log FILE           write one JSON object per step (plus one for the setup) to FILE\n"
+           "  --peak-tflops X      bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)\n"
+           "  --help               this text\n"
+           "\n"
+           "Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input, 3 out of memory.\n";
+}
+
+int64_t parse_tokens(const std::string& flag, const std::string& value) {
+    if (value.empty()) usage_error(flag + " needs a value");
+    std::string digits = value;
+    int64_t mult = 1;
+    char last = value.back();
+    if (last == 'K' || last == 'k') mult = 1024, digits.pop_back();
+    else if (last == 'M' || last == 'm') mult = 1024 * 1024, digits.pop_back();
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
+        usage_error(flag + " expects a positive whole number with an optional K or M suffix, got '" + value + "'");
+    if (digits.size() > 12) usage_error(flag + " value '" + value + "' is too large");
+    int64_t v = std::stoll(digits) * mult;
+    if (v <= 0) usage_error(flag + " must be positive, got '" + value + "'");
+    return v;
+}
+
+static int64_t parse_int(const std::string& flag, const std::string& value, int64_t lo, int64_t hi) {
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno != 0)
+        usage_error(flag + " expects a whole number, got '" + value + "'");
+    if (v < lo || v > hi)
+        usage_error(flag + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + value);
+    return v;
+}
+
+static double parse_double(const std::string& flag, const std::string& value, double lo, double hi) {
+    char* end = nullptr;
+    double v = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !std::isfinite(v))
+        usage_error(flag + " expects a number, got '" + value + "'");
+    if (v < lo || v > hi) {
+        std::ostringstream os;
+        os << flag << " must be in [" << lo << ", " << hi << "], got " << value;
+        usage_error(os.str());
+    }
+    return v;
+}
+
+Options parse_options(int argc, char** argv) {
+    Options o;
+    for (int i = 0; i < argc; i++) o.argv.push_back(argv[i]);
+    for (int i = 1; i < argc; i++) {
+        std::string arg = argv[i], value;
+        bool has_value = false;
+        size_t eq = arg.find('=');
+        if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+            value = arg.substr(eq + 1);
+            arg = arg.substr(0, eq);
+            has_value = true;
+        }
+        auto need = [&]() -> std::string {
+            if (has_value) return value;
+            if (i + 1 >= argc) usage_error(arg + " needs a value");
+            return argv[++i];
+        };
+        auto flag_only = [&]() {
+            if (has_value) usage_error(arg + " takes no value");
+        };
+        if (arg == "--help" || arg == "-h") flag_only(), o.help = true;
+        else if (arg == "--plan") flag_only(), o.plan = true;
+        else if (arg == "--config") o.config = need();
+        else if (arg == "--layers") o.layers = (int)parse_int(arg, need(), 1, 100000);
+        else if (arg == "--seq-len") o.seq_len = parse_tokens(arg, need());
+        else if (arg == "--batch") o.batch = (int)parse_int(arg, need(), 1, 1 << 20);
+        else if (arg == "--steps") o.steps = (int)parse_int(arg, need(), 0, 1 << 30);
+        else if (arg == "--lr") o.lr = parse_double(arg, need(), 0.0, 10.0);
+        else if (arg == "--min-lr-ratio") o.min_lr_ratio = parse_double(arg, need(), 0.0, 1.0);
+        else if (arg == "--warmup") o.warmup = (int)parse_int(arg, need(), 0, 1 << 30);
+        else if (arg == "--weight-decay") o.weight_decay = parse_double(arg, need(), 0.0, 10.0);
+        else if (arg == "--grad-clip") o.grad_clip = parse_double(arg, need(), 0.0, 1e9);
+        else if (arg == "--seed") o.seed = (uint64_t)parse_int(arg, need(), 0, INT64_MAX);
+        else if (arg == "--task") o.task = need();
+        else if (arg == "--task-vocab") o.task_vocab = (int)parse_int(arg, need(), 2, 1 << 30);
+        else if (arg == "--mem-cap-gib") o.mem_cap_gib = parse_double(arg, need(), 0.001, 1e6);
+        else if (arg == "--peak-tflops") o.peak_tflops = parse_double(arg, need(), 0.001, 1e6);
+        else if (arg == "--log") o.log_path = need();
+        else usage_error("unknown flag '" + std::string(argv[i]) + "' (see --help)");
+    }
+    if (o.task != "copy" && o.task != "random")
+        usage_error("--task must be 'copy' or 'random', got '" + o.task + "'");
+    if (o.task == "copy" && o.seq_len < 4)
+        usage_error("--task copy needs --seq-len of at least 4");
+    if (o.seq_len > (int64_t)1 << 40) usage_error("--seq-len is beyond anything addressable");
+    return o;
+}
+
+LlamaConfig resolve_config(const Options& o) {
+    LlamaConfig c = config_by_name(o.config);
+    if (o.layers > 0) c.n_layers = o.layers;
+    // What the kernels assume: 16-byte vector accesses along D, F and V; head dim 64 or 128.
+    if (c.dim % 8 || c.ffn_dim % 8 || c.vocab % 8)
+        usage_error(c.name + ": dim, ffn_dim and vocab must be multiples of 8");
+    if (c.head_dim != 64 && c.head_dim != 128)
+        usage_error(c.name + ": head_dim must be 64 or 128");
+    if (c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads)
+        usage_error(c.name + ": query heads must be a multiple of KV heads");
+    if (o.task_vocab > c.vocab)  // -1 (the default) becomes min(1024, vocab) in run()
+        usage_error("--task-vocab " + std::to_string(o.task_vocab) + " exceeds the vocabulary (" +
+                    std::to_string(c.vocab) + ") of " + c.name);
+    return c;
+}
+
+// =============================================================================================
+// Synthetic data and the learning-rate schedule.
+uint32_t SyntheticData::next_u32() {  // splitmix64: small, fast, reproducible everywhere
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+void SyntheticData::next(int32_t* tokens, int32_t* targets, int batch, int64_t seq) {
+    // Each sequence is seq + 1 tokens z; inputs z[0..seq-1], targets z[1..seq].
+    std::vector<int32_t> z(seq + 1);
+    for (int b = 0; b < batch; b++) {
+        int64_t half = (seq + 1) / 2;
+        for (int64_t i = 0; i <= seq; i++) {
+            bool copied = task == "copy" && i >= half && i < 2 * half;
+            z[i] = copied ? z[i - half] : (int32_t)(next_u32() % (uint32_t)vocab);
+        }
+        for (int64_t i = 0; i < seq; i++) {
+            tokens[b * seq + i] = z[i];
+            bool scored = task != "copy" || (i + 1 >= half && i + 1 < 2 * half);
+            targets[b * seq + i] = scored ? z[i + 1] : -1;
+        }
+    }
+}
+
+double lr_at(const Options& o, int step) {
+    int warmup = o.warmup >= 0 ? o.warmup : std::max(1, o.steps / 10);
+    if (step < warmup) return o.lr * (step + 1) / warmup;
+    int decay_steps = std::max(1, o.steps - warmup);
+    double progress = std::min(1.0, (double)(step - warmup) / decay_steps);
+    double min_lr = o.lr * o.min_lr_ratio;
+    return min_lr + 0.5 * (o.lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+// =============================================================================================
+// Reporting helpers.
+static double host_rss_gib(const char* key) {  // VmRSS (now) or VmHWM (peak) of this process
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind(key, 0) == 0) return std::atof(line.c_str() + strlen(key)) / (1024.0 * 1024.0);
+    return 0;
+}
+
+// The ladder of DESIGN.md; `available` marks the stages this build implements.
+static std::string next_stage_hint() {
+    return "reduce --seq-len, --batch or --layers (the memory stages --fsdp, --ulysses, --ckpt, "
+           "--offload, --chunked and --untied of the ladder are not in this build yet)";
+}
+
+static std::string plan_text(const Arena& plan, double runtime_gib, bool runtime_measured) {
+    std::ostringstream os;
+    char buf[200];
+    os << "memory plan per GPU:\n";
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++) {
+        snprintf(buf, sizeof buf, "  %-10s %10.3f GiB\n", mem_category_name(c), plan.category_bytes(c) / GiB);
+        os << buf;
+    }
+    snprintf(buf, sizeof buf, "  %-10s %10.3f GiB (%s)\n", "runtime", runtime_gib,
+             runtime_measured ? "measured: CUDA context, cuBLAS" : "estimate: CUDA context, cuBLAS");
+    os << buf;
+    snprintf(buf, sizeof buf, "  %-10s %10.3f GiB\n", "total", plan.total() / GiB + runtime_gib);
+    os << buf;
+    return os.str();
+}
+
+static std::string json_escape(const std::string& s) {
+    std::string r;
+    for (char ch : s) {
+        if (ch == '"' || ch == '\\') r += '\\', r += ch;
+        else if ((unsigned char)ch < 0x20) { char b[8]; snprintf(b, sizeof b, "\\u%04x", ch); r += b; }
+        else r += ch;
+    }
+    return r;
+}
+
+static std::string json_memory(const Arena& plan) {
+    std::ostringstream os;
+    os << "{";
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++)
+        os << (c ? ", " : "") << "\"" << mem_category_name(c) << "\": " << plan.category_bytes(c) / GiB;
+    os << "}";
+    return os.str();
+}
+
+struct Progress {  // per-layer progress with ETA, for long steps
+    std::chrono::steady_clock::time_point start;
+    double expected_s;
+    int layers;
+    cudaStream_t stream;
+};
+
+static void progress_callback(void* ctx, const char* phase, int layer) {
+    Progress* p = (Progress*)ctx;
+    CUDA_CHECK(cudaStreamSynchronize(p->stream));
+    double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - p->start).count();
+    bool fwd = phase[0] == 'f';
+    // Backward work per layer is about twice the forward's.
+    double done = fwd ? (layer + 1) / (3.0 * p->layers) : (1.0 + 2.0 * (p->layers - layer) / p->layers) / 3.0;
+    double eta = done > 0 ? el / done - el : 0;
+    fprintf(stderr, "\r  %s layer %3d/%d  %6.1f s elapsed, ETA %6.1f s   ", fwd ? "forward " : "backward",
+            fwd ? layer + 1 : p->layers - layer, p->layers, el, eta);
+    if (!fwd && layer == 0) fprintf(stderr, "\n");
+}
+
+static double gpu_peak_tflops(const Options& o, const cudaDeviceProp& prop) {
+    if (o.peak_tflops > 0) return o.peak_tflops;
+    std::string name = prop.name;
+    if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4;
+    return 0;  // unknown: MFU not shown
+}
+
+// =============================================================================================
+// The run.
+static int run(Options o) {
+    LlamaConfig cfg = resolve_config(o);
+    if (o.task_vocab < 0) o.task_vocab = std::min(1024, cfg.vocab);
+    Model m;
+    m.cfg = cfg;
+    m.shape.batch = o.batch;
+    m.shape.seq = o.seq_len;
+
+    Arena arena;  // dry run: the plan
+    model_declare_buffers(m, arena);
+
+    printf("model %s: %d layers, dim %d, heads %d/%d x %d, ffn %d, vocab %d, %s embeddings, %.3f B parameters\n",
+           cfg.name.c_str(), cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
+           cfg.vocab, cfg.tied_embeddings ? "tied" : "untied", count_params(cfg) / 1e9);
+    printf("step: %d x %lld tokens = %lld tokens, %.3g FLOP\n", o.batch, (long long)o.seq_len,
+           (long long)m.shape.tokens(), model_step_flops(cfg, m.shape));
+    if (o.plan) {
+        printf("%s", plan_text(arena, RUNTIME_OVERHEAD_ESTIMATE_GIB, false).c_str());
+        if (o.mem_cap_gib > 0) {
+            double need = arena.total() / GiB + RUNTIME_OVERHEAD_ESTIMATE_GIB;
+            printf("cap %.2f GiB: %s\n", o.mem_cap_gib,
+                   need <= o.mem_cap_gib ? "fits" : ("OOM, needs " + std::to_string(need) + " GiB").c_str());
+        }
+        return EXIT_OK;
+    }
+
+    // The GPU.
+    int n_dev = 0;
+    cudaError_t err = cudaGetDeviceCount(&n_dev);
+    if (err != cudaSuccess || n_dev == 0) {
+        fprintf(stderr,
+                "error: no CUDA GPU is usable here (%s). This program trains on NVIDIA GPUs;\n"
+                "       `./train --plan ...` prints the memory plan without one.\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "no device found");
+        return EXIT_RUNTIME;
+    }
+    DeviceMemory dm;
+    CUDA_CHECK(cudaSetDevice(dm.device));
+    CUDA_CHECK(cudaFree(0));  // create the context now, so its memory is counted as runtime
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dm.device));
+    gemm_init(0, nullptr);  // the cuBLASLt handle; workspace attached after allocation
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    dm.total_bytes = (int64_t)total_b;
+    dm.runtime_bytes = (int64_t)(total_b - free_b);
+    dm.cap_bytes = o.mem_cap_gib > 0 ? std::min<int64_t>((int64_t)(o.mem_cap_gib * GiB), dm.total_bytes)
+                                     : dm.total_bytes;
+    printf("GPU: %s, %.1f GiB%s; runtime uses %.2f GiB before our first allocation\n", prop.name,
+           dm.total_bytes / GiB,
+           o.mem_cap_gib > 0 ? (", capped at " + std::to_string(o.mem_cap_gib).substr(0, 6) + " GiB").c_str() : "",
+           dm.runtime_bytes / GiB);
+    printf("%s", plan_text(arena, dm.runtime_bytes / GiB, true).c_str());
+
+    model_allocate(m, arena, dm, next_stage_hint());
+    model_init_weights(m, o.seed, stream);
+
+    FILE* log = nullptr;
+    if (!o.log_path.empty()) {
+        log = fopen(o.log_path.c_str(), "w");
+        if (!log) usage_error("cannot write --log file '" + o.log_path + "'");
+        std::string cmd;
+        for (auto& a : o.argv) cmd += (cmd.empty() ? "" : " ") + a;
+        fprintf(log,
+                "{\"type\": \"setup\", \"command\": \"%s\", \"gpu\": \"%s\", \"config\": \"%s\", \"layers\": %d, "
+                "\"seq_len\": %lld, \"batch\": %d, \"params\": %lld, \"plan_gib\": %s, \"runtime_gib\": %.4f, "
+                "\"cap_gib\": %.3f}\n",
+                json_escape(cmd).c_str(), prop.name, cfg.name.c_str(), cfg.n_layers, (long long)o.seq_len,
+                o.batch, (long long)count_params(cfg), json_memory(arena).c_str(), dm.runtime_bytes / GiB,
+                dm.cap_bytes / GiB);
+        fflush(log);
+    }
+
+    SyntheticData data(o.task, o.task_vocab, o.seed ^ 0x5eedda7aull);
+    std::vector<int32_t> tokens(m.shape.tokens()), targets(m.shape.tokens());
+    const double flops = model_step_flops(cfg, m.shape), peak = gpu_peak_tflops(o, prop);
+    cudaEvent_t ev0, ev1;
+    CUDA_CHECK(cudaEventCreate(&ev0));
+    CUDA_CHECK(cudaEventCreate(&ev1));
+    double last_step_s = flops / 300e12;  // guess for the first step: 300 TFLOP/s
+    printf("training %d steps on the '%s' task (tokens < %d)%s\n", o.steps, o.task.c_str(), o.task_vocab,
+           o.task == "copy" ? "; loss of guessing: " : "");
+    if (o.task == "copy") printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
+
+    for (int step = 0; step < o.steps; step++) {
+        data.next(tokens.data(), targets.data(), o.batch, o.seq_len);
+        model_set_batch(m, tokens.data(), targets.data(), stream);
+        Progress prog{std::chrono::steady_clock::now(), last_step_s, cfg.n_layers, stream};
+        bool show_progress = last_step_s > 20.0;
+        AdamW opt;
+        opt.lr = (float)lr_at(o, step);
+        opt.weight_decay = (float)o.weight_decay;
+        opt.step = step + 1;
+
+        CUDA_CHECK(cudaEventRecord(ev0, stream));
+        model_forward_backward(m, stream, show_progress ? progress_callback : nullptr, &prog);
+        model_optimizer_step(m, opt, (float)o.grad_clip, stream);
+        CUDA_CHECK(cudaEventRecord(ev1, stream));
+        float scalars[3];
+        CUDA_CHECK(cudaMemcpyAsync(scalars, m.scalars, sizeof scalars, cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
+        double step_s = ms / 1000.0;
+        last_step_s = step_s;
+        double loss = m.n_valid_targets > 0 ? scalars[0] / m.n_valid_targets : 0.0;
+        double tflops = flops / step_s / 1e12;
+        double driver = dm.driver_used_bytes() / GiB, host = host_rss_gib("VmHWM:");
+        if (!std::isfinite(loss)) runtime_error("loss is not finite at step " + std::to_string(step + 1));
+        printf("step %4d/%d  loss %8.4f  lr %.2e  grad norm %7.3f | %9.0f tok/s  %6.1f TFLOP/s", step + 1,
+               o.steps, loss, opt.lr, std::sqrt(scalars[1]), m.shape.tokens() / step_s, tflops);
+        if (peak > 0) printf("  MFU %4.1f%%", 100.0 * tflops / peak);
+        printf("  %7.3f s | GiB model %.2f attention %.2f other %.2f comm %.2f workspace %.2f, driver %.2f, host %.2f\n",
+               step_s, arena.category_bytes(MEM_MODEL) / GiB, arena.category_bytes(MEM_ATTENTION) / GiB,
+               arena.category_bytes(MEM_OTHER) / GiB, arena.category_bytes(MEM_COMM) / GiB,
+               arena.category_bytes(MEM_WORKSPACE) / GiB, driver, host);
+        fflush(stdout);
+        if (log) {
+            fprintf(log,
+                    "{\"type\": \"step\", \"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, "
+                    "\"step_time_s\": %.6f, \"tokens_per_s\": %.2f, \"tflops\": %.3f, \"mfu\": %.5f, "
+                    "\"memory_gib\": %s, \"driver_gib\": %.4f, \"host_gib\": %.4f}\n",
+                    step + 1, loss, opt.lr, std::sqrt(scalars[1]), step_s, m.shape.tokens() / step_s, tflops,
+                    peak > 0 ? tflops / peak : 0.0, json_memory(arena).c_str(), driver, host);
+            fflush(log);
+        }
+    }
+    if (log) fclose(log);
+    gemm_destroy();
+    model_free(dm);
+    return EXIT_OK;
+}
+
+int train_main(int argc, char** argv) {
+    try {
+        Options o = parse_options(argc, argv);
+        if (o.help) {
+            printf("%s", usage_text().c_str());
+            return EXIT_OK;
+        }
+        return run(o);
+    } catch (const Fatal& f) {
+        fprintf(stderr, "%s%s\n", f.code == EXIT_OOM ? "" : "error: ", f.what());
+        return f.code;
+    } catch (const std::exception& e) {
+        fprintf(stderr, "error: %s\n", e.what());
+        return EXIT_RUNTIME;
+    }
+}
+
+#ifndef TRAIN_NO_MAIN
+int main(int argc, char** argv) { return train_main(argc, argv); }
+#endif

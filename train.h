@@ -1,0 +1,56 @@
+// train.h - the training program's options and pieces that tests call directly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+struct Options {
+    std::string config = "llama3.2-3b";
+    int layers = -1;            // -1: the config's depth
+    int64_t seq_len = 8192;     // tokens per sequence
+    int batch = 1;              // sequences per step
+    int steps = 10;
+    double lr = 3e-4;
+    double min_lr_ratio = 0.1;  // cosine decays to lr * min_lr_ratio
+    int warmup = -1;            // -1: steps / 10, at least 1
+    double weight_decay = 0.1;
+    double grad_clip = 1.0;
+    uint64_t seed = 1234;
+    std::string task = "copy";  // copy | random
+    int task_vocab = -1;        // synthetic tokens are drawn from [0, task_vocab); -1: min(1024, vocab)
+    double mem_cap_gib = 0;     // 0: no cap beyond the card
+    double peak_tflops = 0;     // MFU denominator; 0: from the GPU's name
+    bool plan = false;
+    bool help = false;
+    std::string log_path;
+    std::vector<std::string> argv;  // the command line, for logs
+};
+
+// Parse and validate; throws Fatal(EXIT_USAGE) with a clear message on bad input.
+Options parse_options(int argc, char** argv);
+// "8192", "8K" (x 1024), "3M" (x 1024^2). Throws Fatal(EXIT_USAGE) on anything else.
+int64_t parse_tokens(const std::string& flag, const std::string& value);
+// The config after --layers, validated against what the kernels support.
+LlamaConfig resolve_config(const Options& o);
+std::string usage_text();
+
+// Synthetic data (no download). copy: each sequence is h random tokens followed by the same h
+// tokens again; only targets that can be predicted by looking back are scored (the rest are -1).
+// random: uniform tokens, every target scored (the loss cannot go below log(task_vocab)).
+struct SyntheticData {
+    std::string task;
+    int vocab;
+    uint64_t state;
+    SyntheticData(const std::string& task_, int vocab_, uint64_t seed) : task(task_), vocab(vocab_), state(seed) {}
+    // Fill tokens and targets for `batch` sequences of `seq` tokens.
+    void next(int32_t* tokens, int32_t* targets, int batch, int64_t seq);
+    uint32_t next_u32();
+};
+
+// Learning rate at 0-based step: linear warmup to lr, then cosine to lr * min_lr_ratio.
+double lr_at(const Options& o, int step);
+
+int train_main(int argc, char** argv);
