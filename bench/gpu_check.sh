@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# bench/gpu_check.sh - one GPU session's checks in one go (what the README's figures come from):
+# the GPU test suites, a Llama 3.2 3B training run at 8K tokens, attention TFLOP/s, and PyTorch
+# SDPA on the same shapes. Logs go to $OUT (or ./gpu_logs).
+set -u
+OUT=${OUT:-gpu_logs}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+git rev-parse HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+step() { echo; echo "##### $*"; }
+step tests
+timeout 400 bash tests/run_tests.sh ${TESTS:-build/tests/test_kernels build/tests/test_attention build/tests/test_model build/tests/test_cli} > "$OUT/tests.log" 2>&1
+echo "exit $?"; grep -E "FAILED|Failure|rel error|passed,|stopped at|^  step|Expected|Which is|actual|seed" "$OUT/tests.log" | head -80
+if [ "${TRAIN:-1}" = 1 ]; then
+  step "train llama3.2-3b 8K"
+  timeout 300 ./train --config llama3.2-3b --seq-len 8K --steps ${TRAIN_STEPS:-8} --log "$OUT/train3b.jsonl" > "$OUT/train3b.log" 2>&1
+  echo "exit $?"; tail -n 25 "$OUT/train3b.log"
+fi
+if [ "${BENCH:-1}" = 1 ]; then
+  step "attention bench"
+  timeout 200 build/bench_attention --seqs ${SEQS:-16K,64K} --reps 5 --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log"
+  step "pytorch sdpa"
+  PYTHONUNBUFFERED=1 timeout 200 python3 bench/attention_vs_torch.py --seqs ${TORCH_SEQS:-16384,65536} --reps 5 --json "$OUT/torch.jsonl" 2>&1 | grep -v Warning | tee "$OUT/torch.log"
+fi
