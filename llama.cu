@@ -517,18 +517,21 @@ __global__ void cross_entropy_kernel(bf16* logits, float* losses, const int32_t*
         for (int i = 0; i < 8; i++) sum += __expf(f[i] - mnew);
         m = mnew;
     }
-    // Combine (m, sum) over the block: warps first, then the warps' results.
+    // Combine (m, sum) over the block: warps first, then the warps' results. A thread (or a
+    // whole warp) that saw no element has m = -inf and contributes nothing; exp(m - max) is
+    // never evaluated for it (it would be exp(-inf + inf) = NaN).
     __shared__ float sm[CE_THREADS / WARP], ss[CE_THREADS / WARP];
     __shared__ float row_lse;
     float wm = warp_max(m);
-    sum = warp_sum(sum * __expf(m - wm));
+    sum = warp_sum(m == -INFINITY ? 0.f : sum * __expf(m - wm));
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (lane == 0) sm[warp] = wm, ss[warp] = sum;
     __syncthreads();
     if (threadIdx.x == 0) {
         float M = sm[0], S = 0.f;
         for (int w = 1; w < (int)blockDim.x / WARP; w++) M = fmaxf(M, sm[w]);
-        for (int w = 0; w < (int)blockDim.x / WARP; w++) S += ss[w] * __expf(sm[w] - M);
+        for (int w = 0; w < (int)blockDim.x / WARP; w++)
+            if (sm[w] != -INFINITY) S += ss[w] * __expf(sm[w] - M);
         row_lse = M + logf(S);
         losses[row] = target < 0 ? 0.f : row_lse - __bfloat162float(lr[target]);
     }
@@ -765,6 +768,9 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     arena.begin_real(dm.slab, dm.slab_bytes);
     model_declare_buffers(m, arena);
     gemm_init(m.gemm_workspace_bytes, m.gemm_workspace);
+    // Constant tables belong to the model's setup, not to its weights.
+    std::vector<double> inv = rope_inv_freq(m.cfg);
+    CUDA_CHECK(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
 }
 
 void model_free(DeviceMemory& dm) {
@@ -787,9 +793,6 @@ void model_init_weights(Model& m, uint64_t seed, cudaStream_t s) {
     convert_f32_to_bf16(m.weights, m.master, m.layout.total, s);
     CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.layout.total * sizeof(float), s));
     CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.layout.total * sizeof(float), s));
-    std::vector<double> inv = rope_inv_freq(m.cfg);
-    CUDA_CHECK(cudaMemcpyAsync(m.inv_freq, inv.data(), inv.size() * sizeof(double),
-                               cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 

@@ -351,7 +351,7 @@ static int run(Options o) {
     cudaEvent_t ev0, ev1;
     CUDA_CHECK(cudaEventCreate(&ev0));
     CUDA_CHECK(cudaEventCreate(&ev1));
-    double last_step_s = flops / 300e12;  // guess for the first step: 300 TFLOP/s
+    double last_step_s = flops / 150e12;  // guess for the first step: 150 TFLOP/s
     printf("training %d steps on the '%s' task (tokens < %d)%s\n", o.steps, o.task.c_str(), o.task_vocab,
            o.task == "copy" ? "; loss of guessing: " : "");
     if (o.task == "copy") printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
@@ -360,7 +360,7 @@ static int run(Options o) {
         data.next(tokens.data(), targets.data(), o.batch, o.seq_len);
         model_set_batch(m, tokens.data(), targets.data(), stream);
         Progress prog{std::chrono::steady_clock::now(), last_step_s, cfg.n_layers, stream};
-        bool show_progress = last_step_s > 20.0;
+        bool show_progress = last_step_s > 10.0;  // long steps show per-layer progress
         AdamW opt;
         opt.lr = (float)lr_at(o, step);
         opt.weight_decay = (float)o.weight_decay;

@@ -13,9 +13,12 @@ step tests
 timeout 400 bash tests/run_tests.sh ${TESTS:-build/tests/test_kernels build/tests/test_attention build/tests/test_model build/tests/test_cli} > "$OUT/tests.log" 2>&1
 echo "exit $?"; grep -E "FAILED|Failure|rel error|passed,|stopped at|^  step|Expected|Which is|actual|seed" "$OUT/tests.log" | head -80
 if [ "${TRAIN:-1}" = 1 ]; then
-  step "train llama3.2-3b 8K"
-  timeout 300 ./train --config llama3.2-3b --seq-len 8K --steps ${TRAIN_STEPS:-8} --log "$OUT/train3b.jsonl" > "$OUT/train3b.log" 2>&1
-  echo "exit $?"; tail -n 25 "$OUT/train3b.log"
+  step "make run's job: llama3.2-3b 8K, 30 steps"
+  timeout 300 ./train --config llama3.2-3b --seq-len 8K --steps 30 --lr 3e-4 --task copy --log "$OUT/train3b.jsonl" > "$OUT/train3b.log" 2>&1
+  echo "exit $?"; tail -n 34 "$OUT/train3b.log"
+  step "a long step with per-layer progress: small model, 256K tokens"
+  timeout 300 ./train --config small --seq-len 256K --steps 2 --log "$OUT/small256k.jsonl" > "$OUT/small256k.log" 2>&1
+  echo "exit $?"; tail -n 12 "$OUT/small256k.log" | tr '\r' '\n' | tail -n 14
 fi
 if [ "${BENCH:-1}" = 1 ]; then
   step "attention bench"

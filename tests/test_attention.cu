@@ -70,8 +70,10 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     EXPECT_LT(rel_error(download(out.ptr, T * in.qd), out_ref), TOL_BF16);
     EXPECT_LT(rel_error(download(lse.ptr, lse.n), lse_ref), TOL_FP32);
     auto dqkv_h = download(dqkv.ptr, T * in.ld);
-    EXPECT_LT(rel_error(columns(dqkv_h, T, in.ld, 0, in.qd), dq_ref), TOL_BF16);
-    EXPECT_LT(rel_error(columns(dqkv_h, T, in.ld, in.qd, in.kd), dk_ref), TOL_BF16);
+    // With S = 1 the softmax is constant: dq and dk are exactly zero in float64, and the device's
+    // must be zero up to bf16 rounding of the inputs (values of size 1).
+    EXPECT_LT(rel_error_or_abs(columns(dqkv_h, T, in.ld, 0, in.qd), dq_ref, 1.0), TOL_BF16);
+    EXPECT_LT(rel_error_or_abs(columns(dqkv_h, T, in.ld, in.qd, in.kd), dk_ref, 1.0), TOL_BF16);
     EXPECT_LT(rel_error(columns(dqkv_h, T, in.ld, in.qd + in.kd, in.kd), dv_ref), TOL_BF16);
 }
 

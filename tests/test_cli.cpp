@@ -106,7 +106,9 @@ TEST(SyntheticData, CopyTaskRepeatsAndScoresOnlyTheCopy) {
         for (int64_t i = 0; i < S; i++) {
             ASSERT_GE(t[i], 0);
             ASSERT_LT(t[i], vocab);
-            if (i >= half) EXPECT_EQ(t[i], t[i - half]);
+            if (i >= half) {
+                EXPECT_EQ(t[i], t[i - half]);
+            }
             if (i + 1 < half) {
                 EXPECT_EQ(y[i], -1);  // not predictable: not scored
             } else {

@@ -53,6 +53,13 @@ void random_batch(std::mt19937_64& rng, int V, int64_t T, std::vector<int32_t>& 
     }
 }
 
+// Tolerance of the whole step. Each kernel stays within TOL_BF16 of float64 on its own (see
+// test_kernels, test_attention); the step chains about twenty bf16 roundings of activations and
+// activation gradients (x, xn, qkv, P, att, h13, act, logits, dlogits, dres, ...), each about 0.2%
+// RMS, so the gradients land near 1% (measured on an H200: 0.7% to 1.2%). A real defect shows far
+// above that (a wrong RoPE table gave 50%).
+constexpr double TOL_STEP = 2e-2;
+
 class WholeStep : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
@@ -75,13 +82,14 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
 
     std::vector<double> ref_grads(g.m.layout.total);
     double ref_loss = ref::model_forward_backward(cfg, params.data(), tok.data(), tgt.data(), B, S, ref_grads.data());
+    printf("  loss %.6f, reference %.6f\n", loss, ref_loss);
     EXPECT_LT(std::fabs(loss - ref_loss) / ref_loss, TOL_BF16) << "loss " << loss << " vs " << ref_loss;
     for (const auto& t : g.m.layout.tensors) {
         std::vector<double> a(grads.begin() + t.offset, grads.begin() + t.offset + t.numel());
         std::vector<double> b(ref_grads.begin() + t.offset, ref_grads.begin() + t.offset + t.numel());
         double err = rel_error(a, b);
         printf("  %-10s layer %2d  rel error %.2e\n", param_kind_name(t.kind), t.layer, err);
-        EXPECT_LT(err, TOL_BF16) << param_kind_name(t.kind) << " layer " << t.layer;
+        EXPECT_LT(err, TOL_STEP) << param_kind_name(t.kind) << " layer " << t.layer;
     }
 }
 

@@ -28,6 +28,20 @@ inline double rel_error(const std::vector<double>& a, const std::vector<double>&
     return std::sqrt(num) / std::sqrt(den > 0 ? den : 1e-300);
 }
 
+// rel_error, except where the reference is zero up to float64 rounding (an identity makes it so,
+// e.g. dq of a single-token sequence): then the root-mean-square of a, against `scale`, which
+// should be the size of the values a is made from.
+inline double rel_error_or_abs(const std::vector<double>& a, const std::vector<double>& b, double scale) {
+    double den = 0, num = 0;
+    for (double x : b) den += x * x;
+    if (std::sqrt(den / (b.empty() ? 1 : b.size())) > 1e-12 * scale) return rel_error(a, b);
+    for (double x : a) {
+        if (!std::isfinite(x)) return NAN;
+        num += x * x;
+    }
+    return std::sqrt(num / (a.empty() ? 1 : a.size())) / scale;
+}
+
 // Fresh random inputs every run: the seed comes from std::random_device and is printed on failure.
 inline uint64_t fresh_seed() {
     std::random_device rd;
