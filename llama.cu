@@ -5,7 +5,7 @@
 // The step, for T = batch * seq tokens (shapes row-major, bf16 unless noted):
 //
 //   x = embed[tokens]                                   [T, D]
-//   for each layer l:                                   (every activation kept: stage 0)
+//   for each layer l:
 //     xn1, rstd1 = rmsnorm(x)                           rstd fp32 [T]
 //     qkv = xn1 @ Wqkv^T ; rope(q, k)                   [T, (Hq + 2 Hkv) d]
 //     att, lse = flash_attention(q, k, v)               [T, Hq d], lse fp32 [B, Hq, S]
@@ -21,9 +21,13 @@
 // gradient buffer zeroed at the start of the step; every reduction is deterministic (fixed
 // order, no atomics), so the same seed gives the same losses.
 //
-// Memory of this plain step (stage 0 of the ladder), per token and layer, in bytes:
-//   other:     2 * (4 D + 3 F) + 8          (x_in, xn1, x_mid, xn2, h13, act; two rstd)
-//   attention: 2 * (qkv_dim + Hq d) + 4 Hq  (qkv, att, lse)
+// Every per-token piece of a layer is written over a token range [t0, t1), and the layers walk
+// their tokens in chunks: one chunk of all T tokens in the plain step, chunks of C tokens under
+// --chunked (chunked.cu). What a layer keeps for its backward, and what it recomputes there,
+// follows from the flags (--ckpt, --offload: offload.cu); the table above model_declare_buffers
+// lists it. The plain step (ladder stage 0) keeps everything, per token and layer, in bytes:
+//   other:     2 (4 D + 3 F) + 8          (x_in, xn1, x_mid, xn2, h13, act; two rstd)
+//   attention: 2 (qkv_dim + Hq d) + 4 Hq  (qkv, att, lse)
 // plus logits 2 V per token, and 18 bytes per parameter for model states (fp32 master, grad,
 // two AdamW moments, bf16 compute copy).
 #include <cublasLt.h>
@@ -421,18 +425,19 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
 // RoPE, HF rotate-half layout: for i < d/2, (x_i, x_{i+d/2}) rotated by pos * inv_freq_i.
 // The angle is formed in float64 and reduced modulo 2 pi before the float sine and cosine:
 // at position 5M a float angle would be off by a whole radian.
-__global__ void rope_kernel(bf16* x, int64_t T, int64_t seq, int64_t pos0, int n_heads,
-                            int head_dim, int64_t ld, const double* inv_freq, bool inverse) {
+__global__ void rope_kernel(bf16* x, int64_t n_rows, int64_t row0, int64_t seq, int64_t pos0,
+                            int n_heads, int head_dim, int64_t ld, const double* inv_freq,
+                            bool inverse) {
     int half = head_dim / 2;
     int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (idx >= T * half) return;
-    int64_t t = idx / half;
+    if (idx >= n_rows * half) return;
+    int64_t r = idx / half;
     int i = (int)(idx % half);
-    double angle = fmod((double)(pos0 + t % seq) * inv_freq[i], 6.283185307179586);
+    double angle = fmod((double)(pos0 + (row0 + r) % seq) * inv_freq[i], 6.283185307179586);
     float sn, cs;
     sincosf((float)angle, &sn, &cs);
     if (inverse) sn = -sn;
-    bf16* row = x + t * ld;
+    bf16* row = x + r * ld;
     for (int h = 0; h < n_heads; h++) {
         bf16* p = row + (int64_t)h * head_dim;
         float x1 = __bfloat162float(p[i]), x2 = __bfloat162float(p[i + half]);
@@ -441,11 +446,12 @@ __global__ void rope_kernel(bf16* x, int64_t T, int64_t seq, int64_t pos0, int n
     }
 }
 
-void rope_apply(bf16* x, int64_t T, int64_t seq, int64_t pos0, int n_heads, int head_dim,
-                int64_t ld, const double* inv_freq, bool inverse, cudaStream_t s) {
-    int64_t n = T * (head_dim / 2);
-    rope_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, T, seq, pos0, n_heads, head_dim, ld,
-                                                  inv_freq, inverse);
+void rope_apply(bf16* x, int64_t n_rows, int64_t row0, int64_t seq, int64_t pos0, int n_heads,
+                int head_dim, int64_t ld, const double* inv_freq, bool inverse, cudaStream_t s) {
+    int64_t n = n_rows * (head_dim / 2);
+    if (n == 0) return;
+    rope_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n_rows, row0, seq, pos0, n_heads, head_dim,
+                                                  ld, inv_freq, inverse);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -698,11 +704,37 @@ void init_constant(float* x, int64_t n, float value, cudaStream_t s) {
 
 // =============================================================================================
 // The model: buffers, initialization, one step.
+//
+// What a step keeps depends on the memory flags (see StepOptions):
+//
+//   buffer                 stage 0 (plain)   --chunked          --ckpt             --ckpt=selective
+//   x_in (block inputs)    L x [T, D]        L x [T, D]         L x [T, D] (1)     L x [T, D] (1)
+//   qkv                    L x [T, qkv]      L x [T, qkv]       1 x [T, qkv]       1 x [T, qkv]
+//   att, lse               L x               L x                1 x                L x (1)
+//   x_mid                  L x [T, D]        L x [T, D]         1 x [chunk, D]     1 x [chunk, D]
+//   xn1, xn2, h13, act     L x [T, ...]      1 x [chunk, ...]   1 x [chunk, ...]   1 x [chunk, ...]
+//   logits                 [T, V]            [loss chunk, V]    (as chunked or not)
+//
+// (1) with --offload these live in pinned host memory, and the device keeps two staging slots
+// (offload.cu). "1 x" buffers are shared by all layers: each layer recomputes them in its
+// backward. chunk = T without --chunked.
+static int64_t slot_rows(const Model& m) { return m.shape.tokens(); }
+
+template <class T>
+static T* slot(T* base, int64_t index, int64_t size) {
+    return base ? base + index * size : nullptr;  // the dry run has no base
+}
+
 void model_declare_buffers(Model& m, Arena& A) {
     const LlamaConfig& c = m.cfg;
+    const StepOptions& o = m.opt;
     m.layout = param_layout(c);
-    const int64_t P = m.layout.total, T = m.shape.tokens(), D = c.dim, F = c.ffn_dim;
+    const int64_t P = m.layout.total, T = slot_rows(m), D = c.dim, F = c.ffn_dim;
+    const int64_t QKV = c.qkv_dim(), QD = c.q_dim(), L = c.n_layers;
     const int64_t lse_n = (int64_t)m.shape.batch * c.n_heads * m.shape.seq;
+    m.chunk_rows = chunk_rows_for(c, o, T);
+    m.loss_rows = loss_chunk_rows_for(c, o, T);
+    const int64_t W = m.chunk_rows;
 
     // Model states: 18 bytes per parameter.
     m.master = A.take<float>("master weights (fp32)", MEM_MODEL, P);
@@ -711,37 +743,58 @@ void model_declare_buffers(Model& m, Arena& A) {
     m.adam_v = A.take<float>("AdamW second moment", MEM_MODEL, P);
     m.weights = A.take<bf16>("weights (bf16 compute copy)", MEM_MODEL, P);
 
-    // Activations kept for the backward, per layer.
-    m.residual = A.take<bf16>("residual stream [L+1, T, D]", MEM_OTHER, (c.n_layers + 1) * T * D);
-    m.layers.assign(c.n_layers, LayerActivations());
-    for (int l = 0; l < c.n_layers; l++) {
+    // Block inputs: the residual stream of every layer, or two staging slots (--offload).
+    const int64_t x_slots = o.offload ? 2 : L + 1;
+    bf16* x = A.take<bf16>(o.offload ? "block input staging [2, T, D]" : "residual stream [L+1, T, D]",
+                           MEM_OTHER, x_slots * T * D);
+    // Attention output and lse: per layer, two staging slots (selective + offload), or one.
+    const int64_t att_slots = !m.keeps_att_output() ? 1 : (o.offload ? 2 : L);
+    bf16* att = A.take<bf16>("attention output", MEM_ATTENTION, att_slots * T * QD);
+    float* lse = A.take<float>("attention lse", MEM_ATTENTION, att_slots * lse_n);
+    const int64_t qkv_slots = m.keeps_attention() ? L : 1;
+    bf16* qkv = A.take<bf16>("qkv", MEM_ATTENTION, qkv_slots * T * QKV);
+    const int64_t mid_slots = m.keeps_attention() ? L : 1, mid_rows = m.keeps_attention() ? T : W;
+    bf16* x_mid = A.take<bf16>("x_mid (residual after attention)", MEM_OTHER, mid_slots * mid_rows * D);
+    const int64_t mlp_slots = m.keeps_mlp() ? L : 1;  // rows W (= T when they are kept)
+    bf16* xn1 = A.take<bf16>("xn1 (attention norm output)", MEM_OTHER, mlp_slots * W * D);
+    float* rstd1 = A.take<float>("rstd1", MEM_OTHER, mlp_slots * W);
+    bf16* xn2 = A.take<bf16>("xn2 (MLP norm output)", MEM_OTHER, mlp_slots * W * D);
+    float* rstd2 = A.take<float>("rstd2", MEM_OTHER, mlp_slots * W);
+    bf16* h13 = A.take<bf16>("h13 (gate | up)", MEM_OTHER, mlp_slots * W * 2 * F);
+    bf16* act = A.take<bf16>("act (silu(gate) * up)", MEM_OTHER, mlp_slots * W * F);
+
+    m.layers.assign(L, LayerActivations());
+    for (int64_t l = 0; l < L; l++) {
         LayerActivations& a = m.layers[l];
-        std::string p = "layer " + std::to_string(l) + " ";
-        a.x_in = m.residual ? m.residual + l * T * D : nullptr;
-        a.x_out = m.residual ? m.residual + (l + 1) * T * D : nullptr;
-        a.xn1 = A.take<bf16>(p + "xn1", MEM_OTHER, T * D);
-        a.rstd1 = A.take<float>(p + "rstd1", MEM_OTHER, T);
-        a.qkv = A.take<bf16>(p + "qkv", MEM_ATTENTION, T * c.qkv_dim());
-        a.att = A.take<bf16>(p + "attention output", MEM_ATTENTION, T * c.q_dim());
-        a.lse = A.take<float>(p + "lse", MEM_ATTENTION, lse_n);
-        a.x_mid = A.take<bf16>(p + "x_mid", MEM_OTHER, T * D);
-        a.xn2 = A.take<bf16>(p + "xn2", MEM_OTHER, T * D);
-        a.rstd2 = A.take<float>(p + "rstd2", MEM_OTHER, T);
-        a.h13 = A.take<bf16>(p + "h13", MEM_OTHER, T * 2 * F);
-        a.act = A.take<bf16>(p + "act", MEM_OTHER, T * F);
+        a.x_in = slot(x, o.offload ? l % 2 : l, T * D);
+        a.x_out = slot(x, o.offload ? (l + 1) % 2 : l + 1, T * D);
+        int64_t as = att_slots == 1 ? 0 : (o.offload ? l % 2 : l);
+        a.att = slot(att, as, T * QD);
+        a.lse = slot(lse, as, lse_n);
+        a.qkv = slot(qkv, qkv_slots == 1 ? 0 : l, T * QKV);
+        a.x_mid = slot(x_mid, mid_slots == 1 ? 0 : l, mid_rows * D);
+        int64_t ms = mlp_slots == 1 ? 0 : l;
+        a.xn1 = slot(xn1, ms, W * D), a.rstd1 = slot(rstd1, ms, W);
+        a.xn2 = slot(xn2, ms, W * D), a.rstd2 = slot(rstd2, ms, W);
+        a.h13 = slot(h13, ms, W * 2 * F), a.act = slot(act, ms, W * F);
     }
-    m.xnf = A.take<bf16>("final norm output", MEM_OTHER, T * D);
-    m.rstdf = A.take<float>("final rstd", MEM_OTHER, T);
-    m.logits = A.take<bf16>("logits [T, V]", MEM_OTHER, T * c.vocab);
+    m.x_final = slot(x, o.offload ? L % 2 : L, T * D);
+
+    // LM head and loss, m.loss_rows tokens at a time (all of them without --chunked).
+    m.xnf = A.take<bf16>("final norm output", MEM_OTHER, m.loss_rows * D);
+    m.rstdf = A.take<float>("final rstd", MEM_OTHER, m.loss_rows);
+    m.logits = A.take<bf16>("logits", MEM_OTHER, m.loss_rows * c.vocab);
     m.losses = A.take<float>("per-token losses", MEM_OTHER, T);
 
-    // Backward scratch, reused by every layer.
+    // Backward. The residual gradient and the attention block's gradients span the sequence
+    // (attention's backward needs all of it); the rest is per chunk.
     m.dres = A.take<bf16>("d residual", MEM_OTHER, T * D);
-    m.dxn = A.take<bf16>("d norm output", MEM_OTHER, T * D);
-    m.dwide = A.take<bf16>("d h13 / d qkv", MEM_OTHER, T * std::max<int64_t>(2 * F, c.qkv_dim()));
-    m.dnarrow = A.take<bf16>("d act / d attention output", MEM_OTHER,
-                             T * std::max<int64_t>(F, c.q_dim()));
+    m.dqkv = A.take<bf16>("d qkv", MEM_ATTENTION, T * QKV);
+    m.datt = A.take<bf16>("d attention output", MEM_ATTENTION, T * QD);
     m.delta = A.take<float>("attention delta", MEM_ATTENTION, lse_n);
+    m.dxn = A.take<bf16>("d norm output", MEM_OTHER, std::max(W, m.loss_rows) * D);
+    m.dh13 = A.take<bf16>("d h13", MEM_OTHER, W * 2 * F);
+    m.dact = A.take<bf16>("d act", MEM_OTHER, W * F);
     m.norm_partial = A.take<float>("rmsnorm dw partials", MEM_WORKSPACE, rmsnorm_partial_floats(c.dim));
     m.reduce_scratch = A.take<float>("reduction scratch", MEM_WORKSPACE, sum_scratch_floats());
     m.scalars = A.take<float>("step scalars", MEM_WORKSPACE, 4);
@@ -771,9 +824,11 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     // Constant tables belong to the model's setup, not to its weights.
     std::vector<double> inv = rope_inv_freq(m.cfg);
     CUDA_CHECK(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
+    if (m.opt.offload) offload_create(m);  // pinned host memory, once for the whole run
 }
 
-void model_free(DeviceMemory& dm) {
+void model_free(Model& m, DeviceMemory& dm) {
+    offload_destroy(m);
     if (dm.slab) CUDA_CHECK(cudaFree(dm.slab));
     dm.slab = nullptr;
     dm.slab_bytes = 0;
@@ -818,89 +873,109 @@ static AttentionShape attention_shape(const Model& m) {
     return {m.shape.batch, m.shape.seq, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim};
 }
 
-static void layer_forward(Model& m, int l, cudaStream_t s) {
+// Rows from token t0 on of a full-length [T, width] buffer.
+template <class P>
+static P at(P base, int64_t t0, int64_t width) {
+    return base + t0 * width;
+}
+
+// The layers walk their tokens in chunks of m.chunk_rows (one chunk without --chunked).
+#define FOR_EACH_CHUNK(m, t0, t1)                                                              \
+    for (int64_t t0 = 0, t1 = std::min((m).chunk_rows, (m).shape.tokens());                   \
+         t0 < (m).shape.tokens(); t0 = t1, t1 = std::min(t1 + (m).chunk_rows, (m).shape.tokens()))
+
+// xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; RoPE on q and k. Tokens [t0, t1).
+static void attention_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
-    const int64_t T = m.shape.tokens(), D = c.dim, F = c.ffn_dim;
-    // Attention block.
-    rmsnorm_forward(a.xn1, a.rstd1, a.x_in, m.w(P_ATTN_NORM, l), T, c.dim, c.norm_eps, s);
-    linear_forward(a.qkv, a.xn1, m.w(P_WQKV, l), nullptr, T, D, c.qkv_dim(), s);
-    rope_apply(a.qkv, T, m.shape.seq, 0, c.n_heads + c.n_kv_heads, c.head_dim, c.qkv_dim(),
+    const int64_t n = t1 - t0, QKV = c.qkv_dim();
+    rmsnorm_forward(a.xn1, a.rstd1, at(a.x_in, t0, c.dim), m.w(P_ATTN_NORM, l), n, c.dim, c.norm_eps, s);
+    linear_forward(at(a.qkv, t0, QKV), a.xn1, m.w(P_WQKV, l), nullptr, n, c.dim, QKV, s);
+    rope_apply(at(a.qkv, t0, QKV), n, t0, m.shape.seq, 0, c.n_heads + c.n_kv_heads, c.head_dim, QKV,
                m.inv_freq, false, s);
-    AttentionForwardArgs fa{a.qkv, a.qkv + c.q_dim(), a.qkv + c.q_dim() + c.kv_dim(),
-                            c.qkv_dim(), c.qkv_dim(), c.qkv_dim(), a.att, c.q_dim(), a.lse};
+}
+
+// Backward of attention_input_forward: d qkv (RoPE undone) -> dWqkv, and d x_in added to dres.
+static void attention_input_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t n = t1 - t0, QKV = c.qkv_dim();
+    bf16* dqkv = at(m.dqkv, t0, QKV);
+    rope_apply(dqkv, n, t0, m.shape.seq, 0, c.n_heads + c.n_kv_heads, c.head_dim, QKV, m.inv_freq, true, s);
+    if (!m.keeps_mlp())  // the chunk's norm output was not kept: recompute it (cheap, exact)
+        rmsnorm_forward(a.xn1, a.rstd1, at(a.x_in, t0, c.dim), m.w(P_ATTN_NORM, l), n, c.dim, c.norm_eps, s);
+    linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), n, c.dim, QKV, s);
+    linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, n, c.dim, QKV, s);
+    rmsnorm_backward(at(m.dres, t0, c.dim), m.g(P_ATTN_NORM, l), m.dxn, at(a.x_in, t0, c.dim),
+                     m.w(P_ATTN_NORM, l), a.rstd1, n, c.dim, true, m.norm_partial, s);
+}
+
+// Attention over the whole sequence: att, lse from qkv.
+static void attention_core_forward(Model& m, int l, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t QKV = c.qkv_dim();
+    AttentionForwardArgs fa{a.qkv, a.qkv + c.q_dim(), a.qkv + c.q_dim() + c.kv_dim(), QKV, QKV, QKV,
+                            a.att, c.q_dim(), a.lse};
     attention_forward(fa, attention_shape(m), s);
-    linear_forward(a.x_mid, a.att, m.w(P_WO, l), a.x_in, T, c.q_dim(), D, s);
-    // MLP block.
-    rmsnorm_forward(a.xn2, a.rstd2, a.x_mid, m.w(P_MLP_NORM, l), T, c.dim, c.norm_eps, s);
-    linear_forward(a.h13, a.xn2, m.w(P_W13, l), nullptr, T, D, 2 * F, s);
-    swiglu_forward(a.act, a.h13, T, F, s);
-    linear_forward(a.x_out, a.act, m.w(P_W2, l), a.x_mid, T, F, D, s);
+}
+
+static void attention_core_backward(Model& m, int l, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t W = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
+    AttentionBackwardArgs ba{a.qkv, a.qkv + Q, a.qkv + Q + K, a.att, m.datt, W, W, W, Q, Q, a.lse,
+                             m.dqkv, m.dqkv + Q, m.dqkv + Q + K, W, W, W, m.delta};
+    attention_backward(ba, attention_shape(m), s);
+}
+
+static void layer_forward(Model& m, int l, cudaStream_t s) {
+    FOR_EACH_CHUNK(m, t0, t1) attention_input_forward(m, l, t0, t1, s);
+    attention_core_forward(m, l, s);
+    if (m.offload && m.opt.selective) offload_save_attention(m, l, s);
+    FOR_EACH_CHUNK(m, t0, t1) mlp_forward(m, l, t0, t1, s);  // Wo, residual, MLP, residual
 }
 
 // On entry m.dres holds d loss / d x_out of layer l; on exit d loss / d x_in.
 static void layer_backward(Model& m, int l, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    const int64_t T = m.shape.tokens(), D = c.dim, F = c.ffn_dim;
-    // MLP block: x_out = x_mid + swiglu(norm(x_mid) W13^T) W2^T.
-    bf16* dact = m.dnarrow;
-    bf16* dh13 = m.dwide;
-    linear_backward_input(dact, m.dres, m.w(P_W2, l), T, F, D, s);
-    linear_backward_weight(m.g(P_W2, l), m.dres, a.act, T, F, D, s);
-    swiglu_backward(dh13, dact, a.h13, T, F, s);
-    linear_backward_input(m.dxn, dh13, m.w(P_W13, l), T, D, 2 * F, s);
-    linear_backward_weight(m.g(P_W13, l), dh13, a.xn2, T, D, 2 * F, s);
-    rmsnorm_backward(m.dres, m.g(P_MLP_NORM, l), m.dxn, a.x_mid, m.w(P_MLP_NORM, l), a.rstd2, T,
-                     c.dim, true, m.norm_partial, s);
-    // Attention block: x_mid = x_in + attention(rope(norm(x_in) Wqkv^T)) Wo^T.
-    bf16* datt = m.dnarrow;
-    bf16* dqkv = m.dwide;
-    linear_backward_input(datt, m.dres, m.w(P_WO, l), T, c.q_dim(), D, s);
-    linear_backward_weight(m.g(P_WO, l), m.dres, a.att, T, c.q_dim(), D, s);
-    const int64_t W = c.qkv_dim();
-    AttentionBackwardArgs ba{a.qkv, a.qkv + c.q_dim(), a.qkv + c.q_dim() + c.kv_dim(), a.att,
-                             datt, W, W, W, c.q_dim(), c.q_dim(), a.lse, dqkv,
-                             dqkv + c.q_dim(), dqkv + c.q_dim() + c.kv_dim(), W, W, W, m.delta};
-    attention_backward(ba, attention_shape(m), s);
-    rope_apply(dqkv, T, m.shape.seq, 0, c.n_heads + c.n_kv_heads, c.head_dim, W, m.inv_freq,
-               true, s);
-    linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), T, D, W, s);
-    linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, T, D, W, s);
-    rmsnorm_backward(m.dres, m.g(P_ATTN_NORM, l), m.dxn, a.x_in, m.w(P_ATTN_NORM, l), a.rstd1, T,
-                     c.dim, true, m.norm_partial, s);
+    if (!m.keeps_attention()) {  // --ckpt: rebuild q, k, v from the block input ...
+        FOR_EACH_CHUNK(m, t0, t1) attention_input_forward(m, l, t0, t1, s);
+        if (!m.keeps_att_output()) attention_core_forward(m, l, s);  // ... and rerun attention
+    }
+    FOR_EACH_CHUNK(m, t0, t1) mlp_backward(m, l, t0, t1, s);  // MLP, then Wo: fills m.datt
+    attention_core_backward(m, l, s);                          // fills m.dqkv
+    FOR_EACH_CHUNK(m, t0, t1) attention_input_backward(m, l, t0, t1, s);
 }
-
-static ParamKind head_kind(const LlamaConfig& c) { return c.tied_embeddings ? P_EMBED : P_LM_HEAD; }
 
 void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void* ctx) {
     const LlamaConfig& c = m.cfg;
-    const int64_t T = m.shape.tokens(), D = c.dim;
+    const int64_t T = m.shape.tokens();
     const int L = c.n_layers;
     CUDA_CHECK(cudaMemsetAsync(m.grad, 0, m.layout.total * sizeof(float), s));
+    if (m.offload) offload_step_begin(m, s);
 
-    // Forward.
-    embedding_forward(m.residual, m.tokens, m.w(P_EMBED), T, c.dim, s);
+    // Forward. Under --offload each block input is copied to the host once it is complete.
+    embedding_forward(m.layers[0].x_in, m.tokens, m.w(P_EMBED), T, c.dim, s);
+    if (m.offload) offload_save_block_input(m, 0, s);
     for (int l = 0; l < L; l++) {
+        if (m.offload) offload_before_layer_forward(m, l, s), offload_mark_layer(m, "forward", l, true, s);
         layer_forward(m, l, s);
+        if (m.offload) {
+            offload_mark_layer(m, "forward", l, false, s);
+            if (l + 1 < L) offload_save_block_input(m, l + 1, s);
+        }
         if (progress) progress(ctx, "fwd", l);
     }
-    bf16* x_final = m.residual + (int64_t)L * T * D;
-    rmsnorm_forward(m.xnf, m.rstdf, x_final, m.w(P_FINAL_NORM), T, c.dim, c.norm_eps, s);
-    linear_forward(m.logits, m.xnf, m.w(head_kind(c)), nullptr, T, D, c.vocab, s);
 
-    // Loss and its gradient. The mean is over the valid targets, counted on the host.
-    float grad_scale = m.n_valid_targets > 0 ? 1.0f / (float)m.n_valid_targets : 0.0f;
-    cross_entropy_forward_backward(m.logits, m.losses, m.targets, T, c.vocab, grad_scale, s);
+    // LM head and loss, forward and backward together: dres = d loss / d x_final.
+    head_forward_backward(m, s);
     sum_floats(m.scalars + 0, m.losses, T, m.reduce_scratch, s);
 
-    // Backward: LM head and final norm, then the layers in reverse, then the embedding.
-    linear_backward_input(m.dxn, m.logits, m.w(head_kind(c)), T, D, c.vocab, s);
-    linear_backward_weight(m.g(head_kind(c)), m.logits, m.xnf, T, D, c.vocab, s);
-    rmsnorm_backward(m.dres, m.g(P_FINAL_NORM), m.dxn, x_final, m.w(P_FINAL_NORM), m.rstdf, T,
-                     c.dim, false, m.norm_partial, s);
+    // Backward through the layers, then the embedding.
     for (int l = L - 1; l >= 0; l--) {
+        if (m.offload) offload_before_layer_backward(m, l, s), offload_mark_layer(m, "backward", l, true, s);
         layer_backward(m, l, s);
+        if (m.offload) offload_mark_layer(m, "backward", l, false, s);
         if (progress) progress(ctx, "bwd", l);
     }
     embedding_backward(m.g(P_EMBED), m.dres, m.emb_group_token, m.emb_group_begin,

@@ -126,11 +126,11 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
                       cudaStream_t s);
 int64_t rmsnorm_partial_floats(int D);
 
-// RoPE in place on n_heads heads of head_dim values per row (row stride `ld` elements).
-// Token t has position pos0 + t % seq. inv_freq: head_dim/2 doubles on the device.
-// inverse = true is the backward.
-void rope_apply(bf16* x, int64_t T, int64_t seq, int64_t pos0, int n_heads, int head_dim,
-                int64_t ld, const double* inv_freq, bool inverse, cudaStream_t s);
+// RoPE in place on n_heads heads of head_dim values per row (row stride `ld` elements), for
+// n_rows rows that are tokens row0 .. row0 + n_rows - 1 of the step; token t has position
+// pos0 + t % seq. inv_freq: head_dim/2 doubles on the device. inverse = true is the backward.
+void rope_apply(bf16* x, int64_t n_rows, int64_t row0, int64_t seq, int64_t pos0, int n_heads,
+                int head_dim, int64_t ld, const double* inv_freq, bool inverse, cudaStream_t s);
 
 void swiglu_forward(bf16* act, const bf16* h13, int64_t T, int F, cudaStream_t s);
 void swiglu_backward(bf16* dh13, const bf16* dact, const bf16* h13, int64_t T, int F,
@@ -205,35 +205,55 @@ struct RunShape {
     int64_t tokens() const { return batch * seq; }
 };
 
-struct LayerActivations {  // what layer l's backward needs, all [T, ...] bf16 unless noted
-    bf16* x_in;     // block input (the residual stream), = x_out of layer l-1
-    bf16* xn1;      // attention RMSNorm output
-    float* rstd1;   // [T]
+// The memory techniques that change how a step keeps its activations (one flag each).
+struct StepOptions {
+    bool ckpt = false;               // --ckpt: keep only block inputs, recompute each layer
+    bool selective = false;          // --ckpt=selective: also keep attention output and lse
+    bool offload = false;            // --offload: kept tensors in pinned host memory (needs ckpt)
+    bool chunked = false;            // --chunked: MLP, element-wise work and loss in token chunks
+    int64_t chunk_tokens = 0;        // --chunk-tokens; 0: the hidden size (ALST's tile)
+    int64_t loss_chunk_tokens = 0;   // 0: as many tokens as keep a chunk's logits near 1 GiB
+};
+
+// Where layer l's activations are. Full-length buffers ([T, ...], rows indexed by token) and
+// chunk-sized work buffers (rows indexed from the chunk's first token) are told apart below;
+// with one chunk (no --chunked) the two coincide.
+struct LayerActivations {
+    bf16* x_in;     // [T, D] block input (residual stream) = x_out of layer l-1
+    bf16* x_out;    // [T, D] block output
     bf16* qkv;      // [T, qkv_dim], q and k after RoPE
-    bf16* att;      // [T, q_dim] attention output
+    bf16* att;      // [T, Hq d] attention output
     float* lse;     // [B, Hq, S]
-    bf16* x_mid;    // residual after attention
+    bf16* x_mid;    // residual after attention: [T, D] kept, or chunk work under --ckpt
+    bf16* xn1;      // chunk work (or [T, D] kept in stage 0): attention RMSNorm output
+    float* rstd1;
     bf16* xn2;      // MLP RMSNorm output
     float* rstd2;
-    bf16* h13;      // [T, 2F] gate | up
-    bf16* act;      // [T, F] silu(gate) * up
-    bf16* x_out;    // residual after the MLP, = x_in of layer l+1
+    bf16* h13;      // [., 2F] gate | up
+    bf16* act;      // [., F] silu(gate) * up
 };
+
+struct Offload;  // offload.cu
 
 struct Model {
     LlamaConfig cfg;
     ParamLayout layout;
     RunShape shape;
+    StepOptions opt;
+    int64_t chunk_rows = 0;       // rows of one chunk of a layer (T without --chunked)
+    int64_t loss_rows = 0;        // rows of one chunk of the LM head and loss
     // model states (category "model"): flat, param_layout offsets
     float *master = nullptr, *grad = nullptr, *adam_m = nullptr, *adam_v = nullptr;
     bf16* weights = nullptr;
     // activations
     std::vector<LayerActivations> layers;
-    bf16* residual = nullptr;  // [L+1, T, D]: x_in of every layer and the final output
-    bf16 *xnf = nullptr, *logits = nullptr;
+    bf16* x_final = nullptr;      // [T, D] output of the last layer
+    bf16 *xnf = nullptr, *logits = nullptr;   // [loss_rows, D], [loss_rows, V]
     float *rstdf = nullptr, *losses = nullptr;
-    // backward scratch, shared by all layers
-    bf16 *dres = nullptr, *dxn = nullptr, *dwide = nullptr, *dnarrow = nullptr;
+    // backward: the residual gradient and the attention block's gradients span all tokens;
+    // the rest is chunk work
+    bf16 *dres = nullptr, *dqkv = nullptr, *datt = nullptr;
+    bf16 *dxn = nullptr, *dh13 = nullptr, *dact = nullptr;
     float *delta = nullptr, *norm_partial = nullptr, *reduce_scratch = nullptr;
     float *scalars = nullptr;  // [0] loss sum, [1] grad sum of squares, [2] clip scale
     // inputs
@@ -245,10 +265,15 @@ struct Model {
     double* inv_freq = nullptr;
     void* gemm_workspace = nullptr;
     size_t gemm_workspace_bytes = 32u << 20;
+    Offload* offload = nullptr;   // pinned host copies and their stream (--offload)
 
     const ParamTensor& param(ParamKind k, int layer = -1) const { return layout.find(k, layer); }
     bf16* w(ParamKind k, int layer = -1) const { return weights + param(k, layer).offset; }
     float* g(ParamKind k, int layer = -1) const { return grad + param(k, layer).offset; }
+    // What a layer keeps through the step; the rest is recomputed in its backward.
+    bool keeps_attention() const { return !opt.ckpt; }                    // qkv, x_mid
+    bool keeps_att_output() const { return !opt.ckpt || opt.selective; }  // att, lse
+    bool keeps_mlp() const { return !opt.ckpt && !opt.chunked; }          // xn1, xn2, h13, act
 };
 
 // Declare every buffer of a step in the arena (dry run or real; see Arena).
@@ -257,7 +282,7 @@ void model_declare_buffers(Model& m, Arena& arena);
 // dm.cap_bytes first and reports an out-of-memory (exit code 3) naming what does not fit, with
 // `oom_hint` as the suggested next step. Then one cudaMalloc, the real pass, cuBLASLt workspace.
 void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string& oom_hint);
-void model_free(DeviceMemory& dm);
+void model_free(Model& m, DeviceMemory& dm);
 // Initialize weights (HF's scheme: N(0, 0.02), norm gains 1) from a seed; zero AdamW moments.
 void model_init_weights(Model& m, uint64_t seed, cudaStream_t s);
 // Upload this step's tokens and targets (host arrays of shape.tokens()).
@@ -269,5 +294,43 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress = null
                             void* progress_ctx = nullptr);
 // Gradient clipping and AdamW over all parameters. Returns nothing (grad norm in scalars[1]).
 void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s);
-// FLOPs of one training step (forward + backward), for TFLOP/s and MFU.
+// FLOPs of one training step (forward + backward), for TFLOP/s and MFU. Model FLOPs: the
+// recomputation of --ckpt is not counted (MFU's convention).
 double model_step_flops(const LlamaConfig& cfg, const RunShape& shape);
+
+// ---------------------------------------------------------------------------------------------
+// Chunked sequence training (chunked.cu).
+int64_t chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T);
+int64_t loss_chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T);
+// Final RMSNorm, LM head, cross-entropy and their backward, m.loss_rows tokens at a time;
+// leaves d loss / d x_final in m.dres.
+void head_forward_backward(Model& m, cudaStream_t s);
+// The MLP block (RMSNorm, SwiGLU MLP, residual) of layer l on tokens [t0, t1): forward, and
+// backward with the chunk's intermediates recomputed when they were not kept.
+void mlp_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
+void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// Activation checkpointing and CPU offload (offload.cu).
+// Pinned host bytes the kept tensors need under --offload (0 otherwise).
+int64_t offload_host_bytes(const Model& m);
+void offload_create(Model& m);    // pinned buffers (once), copy stream, events
+void offload_destroy(Model& m);
+void offload_step_begin(Model& m, cudaStream_t s);
+// Forward: layer l is about to write its output and attention output into staging buffers.
+void offload_before_layer_forward(Model& m, int l, cudaStream_t s);
+// Forward: layer l's block input (x_in) or attention output (att, lse) is complete: copy it out.
+void offload_save_block_input(Model& m, int l, cudaStream_t s);
+void offload_save_attention(Model& m, int l, cudaStream_t s);
+// Backward: make layer l's kept tensors resident, and start fetching layer l-1's.
+void offload_before_layer_backward(Model& m, int l, cudaStream_t s);
+// Event timeline of the last step (--timeline): compute per layer and each copy, in ms.
+struct TimelineEntry {
+    std::string stream, what;
+    int layer;
+    double start_ms, end_ms;
+};
+void offload_enable_timeline(Model& m, bool on);
+void offload_mark_layer(Model& m, const char* what, int layer, bool begin, cudaStream_t s);
+std::vector<TimelineEntry> offload_timeline(Model& m);
+

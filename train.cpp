@@ -42,10 +42,19 @@ std::string usage_text() {
            "  --weight-decay X     decoupled, matrices only (default 0.1)\n"
            "  --grad-clip X        global gradient-norm clip, 0 = off (default 1.0)\n"
            "\n"
+           "Memory techniques (the ladder of DESIGN.md; each computes the same loss and gradients)\n"
+           "  --ckpt[=selective]   activation checkpointing: keep only block inputs and recompute each layer in\n"
+           "                       the backward; =selective also keeps attention outputs (no attention rerun)\n"
+           "  --offload            kept tensors live in pinned host memory, prefetched for the backward (implies --ckpt)\n"
+           "  --chunked            MLP, element-wise ops and the LM head + loss in token chunks\n"
+           "  --chunk-tokens N     tokens per chunk of a layer (default: the hidden size)\n"
+           "  --loss-chunk-tokens N  tokens per chunk of the LM head and loss (default: logits near 1 GiB)\n"
+           "\n"
            "Memory and output\n"
            "  --mem-cap-gib X      refuse what a card of X GiB could not hold (emulates an 80 GB H100 on an H200)\n"
            "  --plan               print the memory plan per category and exit (no GPU needed)\n"
            "  --log FILE           write one JSON object per step (plus one for the setup) to FILE\n"
+           "  --timeline FILE      write the last step's event timeline (compute per layer, each copy) as JSON (with --offload)\n"
            "  --peak-tflops X      bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)\n"
            "  --help               this text\n"
            "\n"
@@ -129,6 +138,16 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--mem-cap-gib") o.mem_cap_gib = parse_double(arg, need(), 0.001, 1e6);
         else if (arg == "--peak-tflops") o.peak_tflops = parse_double(arg, need(), 0.001, 1e6);
         else if (arg == "--log") o.log_path = need();
+        else if (arg == "--timeline") o.timeline_path = need();
+        else if (arg == "--ckpt") {
+            if (has_value && value != "selective" && value != "full")
+                usage_error("--ckpt takes no value, or =selective, or =full; got '" + value + "'");
+            o.step.ckpt = true;
+            o.step.selective = has_value && value == "selective";
+        } else if (arg == "--offload") flag_only(), o.step.offload = true;
+        else if (arg == "--chunked") flag_only(), o.step.chunked = true;
+        else if (arg == "--chunk-tokens") o.step.chunk_tokens = parse_tokens(arg, need());
+        else if (arg == "--loss-chunk-tokens") o.step.loss_chunk_tokens = parse_tokens(arg, need());
         else usage_error("unknown flag '" + std::string(argv[i]) + "' (see --help)");
     }
     if (o.task != "copy" && o.task != "random")
@@ -136,6 +155,10 @@ Options parse_options(int argc, char** argv) {
     if (o.task == "copy" && o.seq_len < 4)
         usage_error("--task copy needs --seq-len of at least 4");
     if (o.seq_len > (int64_t)1 << 40) usage_error("--seq-len is beyond anything addressable");
+    if (o.step.offload) o.step.ckpt = true;  // offload moves what checkpointing keeps
+    if ((o.step.chunk_tokens || o.step.loss_chunk_tokens) && !o.step.chunked)
+        usage_error("--chunk-tokens and --loss-chunk-tokens need --chunked");
+    if (!o.timeline_path.empty() && !o.step.offload) usage_error("--timeline needs --offload");
     return o;
 }
 
@@ -200,13 +223,48 @@ static double host_rss_gib(const char* key) {  // VmRSS (now) or VmHWM (peak) of
     return 0;
 }
 
-// The ladder of DESIGN.md; `available` marks the stages this build implements.
-static std::string next_stage_hint() {
-    return "reduce --seq-len, --batch or --layers (the memory stages --fsdp, --ulysses, --ckpt, "
-           "--offload, --chunked and --untied of the ladder are not in this build yet)";
+// The ladder of DESIGN.md, in order; `available` marks the stages this build implements.
+static std::string next_stage_hint(const Options& o) {
+    struct Stage { const char* flag; bool on, available; };
+    const Stage ladder[] = {{"--fsdp", false, false},         {"--ulysses", false, false},
+                            {"--ckpt", o.step.ckpt, true},     {"--offload", o.step.offload, true},
+                            {"--chunked", o.step.chunked, true}, {"--untied", false, false}};
+    std::string missing;
+    for (const Stage& st : ladder) {
+        if (st.on) continue;
+        if (st.available) return "add " + std::string(st.flag) + (missing.empty() ? "" : " (" + missing + " not in this build yet)") +
+                                 ", or reduce --seq-len, --batch or --layers";
+        missing += (missing.empty() ? "" : ", ") + std::string(st.flag);
+    }
+    return "reduce --seq-len, --batch or --layers (" + missing + " not in this build yet)";
 }
 
-static std::string plan_text(const Arena& plan, double runtime_gib, bool runtime_measured) {
+MemoryPlan plan_memory(const LlamaConfig& cfg, const Options& o, int64_t seq_len) {
+    MemoryPlan p;
+    Model m;
+    m.cfg = cfg;
+    m.opt = o.step;
+    m.shape.batch = o.batch;
+    m.shape.seq = seq_len;
+    model_declare_buffers(m, p.arena);
+    p.host_bytes = offload_host_bytes(m);
+    return p;
+}
+
+int64_t longest_context(const LlamaConfig& cfg, const Options& o, double cap_gib, double runtime_gib,
+                        int64_t granularity) {
+    auto fits = [&](int64_t seq) { return plan_memory(cfg, o, seq).total_gib(runtime_gib) <= cap_gib; };
+    if (!fits(granularity)) return 0;
+    int64_t lo = 1, hi = 2;  // in units of granularity: lo fits, hi is to be tested
+    while (hi < (1LL << 32) / granularity * 256 && fits(hi * granularity)) lo = hi, hi *= 2;
+    while (hi - lo > 1) {
+        int64_t mid = (lo + hi) / 2;
+        (fits(mid * granularity) ? lo : hi) = mid;
+    }
+    return lo * granularity;
+}
+
+static std::string plan_text(const Arena& plan, int64_t host_bytes, double runtime_gib, bool runtime_measured) {
     std::ostringstream os;
     char buf[200];
     os << "memory plan per GPU:\n";
@@ -219,6 +277,11 @@ static std::string plan_text(const Arena& plan, double runtime_gib, bool runtime
     os << buf;
     snprintf(buf, sizeof buf, "  %-10s %10.3f GiB\n", "total", plan.total() / GiB + runtime_gib);
     os << buf;
+    if (host_bytes > 0) {
+        snprintf(buf, sizeof buf, "  %-10s %10.3f GiB (pinned host memory for offloaded activations)\n", "host",
+                 host_bytes / GiB);
+        os << buf;
+    }
     return os.str();
 }
 
@@ -232,13 +295,25 @@ static std::string json_escape(const std::string& s) {
     return r;
 }
 
-static std::string json_memory(const Arena& plan) {
+static std::string json_memory(const Arena& plan, int64_t host_bytes) {
     std::ostringstream os;
     os << "{";
     for (int c = 0; c < MEM_NUM_CATEGORIES; c++)
         os << (c ? ", " : "") << "\"" << mem_category_name(c) << "\": " << plan.category_bytes(c) / GiB;
-    os << "}";
+    os << ", \"host_pinned\": " << host_bytes / GiB << "}";
     return os.str();
+}
+
+static void write_timeline(const std::string& path, const std::vector<TimelineEntry>& tl) {
+    FILE* f = fopen(path.c_str(), "w");
+    if (!f) usage_error("cannot write --timeline file '" + path + "'");
+    fprintf(f, "[\n");
+    for (size_t i = 0; i < tl.size(); i++)
+        fprintf(f, "  {\"stream\": \"%s\", \"what\": \"%s\", \"layer\": %d, \"start_ms\": %.4f, \"end_ms\": %.4f}%s\n",
+                tl[i].stream.c_str(), tl[i].what.c_str(), tl[i].layer, tl[i].start_ms, tl[i].end_ms,
+                i + 1 < tl.size() ? "," : "");
+    fprintf(f, "]\n");
+    fclose(f);
 }
 
 struct Progress {  // per-layer progress with ETA, for long steps
@@ -275,23 +350,31 @@ static int run(Options o) {
     if (o.task_vocab < 0) o.task_vocab = std::min(1024, cfg.vocab);
     Model m;
     m.cfg = cfg;
+    m.opt = o.step;
     m.shape.batch = o.batch;
     m.shape.seq = o.seq_len;
 
     Arena arena;  // dry run: the plan
     model_declare_buffers(m, arena);
+    const int64_t host_bytes = offload_host_bytes(m);
 
     printf("model %s: %d layers, dim %d, heads %d/%d x %d, ffn %d, vocab %d, %s embeddings, %.3f B parameters\n",
            cfg.name.c_str(), cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
            cfg.vocab, cfg.tied_embeddings ? "tied" : "untied", count_params(cfg) / 1e9);
-    printf("step: %d x %lld tokens = %lld tokens, %.3g FLOP\n", o.batch, (long long)o.seq_len,
-           (long long)m.shape.tokens(), model_step_flops(cfg, m.shape));
+    printf("step: %d x %lld tokens = %lld tokens, %.3g FLOP; memory techniques:%s%s%s%s\n", o.batch,
+           (long long)o.seq_len, (long long)m.shape.tokens(), model_step_flops(cfg, m.shape),
+           o.step.ckpt ? (o.step.selective ? " ckpt(selective)" : " ckpt") : "", o.step.offload ? " offload" : "",
+           o.step.chunked ? (" chunked(" + std::to_string(m.chunk_rows) + ", loss " + std::to_string(m.loss_rows) + ")").c_str() : "",
+           (o.step.ckpt || o.step.chunked) ? "" : " none (stage 0)");
     if (o.plan) {
-        printf("%s", plan_text(arena, RUNTIME_OVERHEAD_ESTIMATE_GIB, false).c_str());
+        printf("%s", plan_text(arena, host_bytes, RUNTIME_OVERHEAD_ESTIMATE_GIB, false).c_str());
         if (o.mem_cap_gib > 0) {
             double need = arena.total() / GiB + RUNTIME_OVERHEAD_ESTIMATE_GIB;
-            printf("cap %.2f GiB: %s\n", o.mem_cap_gib,
-                   need <= o.mem_cap_gib ? "fits" : ("OOM, needs " + std::to_string(need) + " GiB").c_str());
+            if (need <= o.mem_cap_gib) printf("cap %.2f GiB: fits\n", o.mem_cap_gib);
+            else printf("cap %.2f GiB: OOM, needs %.2f GiB (next: %s)\n", o.mem_cap_gib, need, next_stage_hint(o).c_str());
+            int64_t longest = longest_context(cfg, o, o.mem_cap_gib, RUNTIME_OVERHEAD_ESTIMATE_GIB);
+            printf("longest context under %.2f GiB with these flags: %lld tokens (%.2fM)\n", o.mem_cap_gib,
+                   (long long)longest, longest / 1048576.0);
         }
         return EXIT_OK;
     }
@@ -324,9 +407,10 @@ static int run(Options o) {
            dm.total_bytes / GiB,
            o.mem_cap_gib > 0 ? (", capped at " + std::to_string(o.mem_cap_gib).substr(0, 6) + " GiB").c_str() : "",
            dm.runtime_bytes / GiB);
-    printf("%s", plan_text(arena, dm.runtime_bytes / GiB, true).c_str());
+    printf("%s", plan_text(arena, host_bytes, dm.runtime_bytes / GiB, true).c_str());
 
-    model_allocate(m, arena, dm, next_stage_hint());
+    model_allocate(m, arena, dm, next_stage_hint(o));
+    if (!o.timeline_path.empty()) offload_enable_timeline(m, true);
     model_init_weights(m, o.seed, stream);
 
     FILE* log = nullptr;
@@ -340,7 +424,7 @@ static int run(Options o) {
                 "\"seq_len\": %lld, \"batch\": %d, \"params\": %lld, \"plan_gib\": %s, \"runtime_gib\": %.4f, "
                 "\"cap_gib\": %.3f}\n",
                 json_escape(cmd).c_str(), prop.name, cfg.name.c_str(), cfg.n_layers, (long long)o.seq_len,
-                o.batch, (long long)count_params(cfg), json_memory(arena).c_str(), dm.runtime_bytes / GiB,
+                o.batch, (long long)count_params(cfg), json_memory(arena, host_bytes).c_str(), dm.runtime_bytes / GiB,
                 dm.cap_bytes / GiB);
         fflush(log);
     }
@@ -379,7 +463,7 @@ static int run(Options o) {
         last_step_s = step_s;
         double loss = m.n_valid_targets > 0 ? scalars[0] / m.n_valid_targets : 0.0;
         double tflops = flops / step_s / 1e12;
-        double driver = dm.driver_used_bytes() / GiB, host = host_rss_gib("VmHWM:");
+        double driver = dm.driver_used_bytes() / GiB, host = host_rss_gib("VmHWM:");  // includes pinned
         if (!std::isfinite(loss)) runtime_error("loss is not finite at step " + std::to_string(step + 1));
         printf("step %4d/%d  loss %8.4f  lr %.2e  grad norm %7.3f | %9.0f tok/s  %6.1f TFLOP/s", step + 1,
                o.steps, loss, opt.lr, std::sqrt(scalars[1]), m.shape.tokens() / step_s, tflops);
@@ -395,13 +479,14 @@ static int run(Options o) {
                     "\"step_time_s\": %.6f, \"tokens_per_s\": %.2f, \"tflops\": %.3f, \"mfu\": %.5f, "
                     "\"memory_gib\": %s, \"driver_gib\": %.4f, \"host_gib\": %.4f}\n",
                     step + 1, loss, opt.lr, std::sqrt(scalars[1]), step_s, m.shape.tokens() / step_s, tflops,
-                    peak > 0 ? tflops / peak : 0.0, json_memory(arena).c_str(), driver, host);
+                    peak > 0 ? tflops / peak : 0.0, json_memory(arena, host_bytes).c_str(), driver, host);
             fflush(log);
         }
     }
     if (log) fclose(log);
+    if (!o.timeline_path.empty()) write_timeline(o.timeline_path, offload_timeline(m));
     gemm_destroy();
-    model_free(dm);
+    model_free(m, dm);
     return EXIT_OK;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common.h"
+#include "llama.h"
 
 struct Options {
     std::string config = "llama3.2-3b";
@@ -23,6 +24,8 @@ struct Options {
     int task_vocab = -1;        // synthetic tokens are drawn from [0, task_vocab); -1: min(1024, vocab)
     double mem_cap_gib = 0;     // 0: no cap beyond the card
     double peak_tflops = 0;     // MFU denominator; 0: from the GPU's name
+    StepOptions step;           // --ckpt, --offload, --chunked, chunk sizes
+    std::string timeline_path;  // --timeline: event timeline of the last step (needs --offload)
     bool plan = false;
     bool help = false;
     std::string log_path;
@@ -49,6 +52,17 @@ struct SyntheticData {
     void next(int32_t* tokens, int32_t* targets, int batch, int64_t seq);
     uint32_t next_u32();
 };
+
+// The memory plan of a run (dry run of the arena): per category, plus pinned host bytes.
+struct MemoryPlan {
+    Arena arena;
+    int64_t host_bytes = 0;
+    double total_gib(double runtime_gib) const { return arena.total() / GiB + runtime_gib; }
+};
+MemoryPlan plan_memory(const LlamaConfig& cfg, const Options& o, int64_t seq_len);
+// The longest sequence (a multiple of `granularity` tokens) whose plan fits under cap_gib.
+int64_t longest_context(const LlamaConfig& cfg, const Options& o, double cap_gib, double runtime_gib,
+                        int64_t granularity = 1024);
 
 // Learning rate at 0-based step: linear warmup to lr, then cosine to lr * min_lr_ratio.
 double lr_at(const Options& o, int step);

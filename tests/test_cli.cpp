@@ -133,30 +133,104 @@ TEST(SyntheticData, RandomTaskScoresEverything) {
     EXPECT_GE(tgt[63], 0);
 }
 
-// The plan (dry run of the arena) against the per-token formulas in llama.cu's header.
-TEST(MemoryPlan, MatchesFormulas) {
-    for (const char* name : {"llama3.2-3b", "llama3.1-8b"}) {
-        SCOPED_TRACE(name);
-        Model m;
-        m.cfg = config_by_name(name);
-        m.shape.batch = 1;
-        m.shape.seq = 8192;
-        Arena plan;
-        model_declare_buffers(m, plan);
-        const LlamaConfig& c = m.cfg;
-        const double T = 8192, L = c.n_layers, D = c.dim, F = c.ffn_dim;
-        double model = 18.0 * count_params(c);
-        double attention = L * T * (2.0 * (c.qkv_dim() + c.q_dim()) + 4.0 * c.n_heads) + 4.0 * c.n_heads * T;
-        double other_layers = L * T * (2.0 * (4 * D + 3 * F) + 8.0);
-        EXPECT_NEAR(plan.category_bytes(MEM_MODEL) / model, 1.0, 1e-3);
-        EXPECT_NEAR(plan.category_bytes(MEM_ATTENTION) / attention, 1.0, 1e-3);
-        // other = the layers' activations + final output, logits (2 V per token) and backward scratch
-        double other = other_layers + T * D * 2 + T * (2.0 * D + 4 + 2.0 * c.vocab + 4) +
-                       T * 2.0 * (2 * D + std::max<double>(2 * F, c.qkv_dim()) + std::max<double>(F, c.q_dim())) +
-                       T * (4 + 4 + 8) + std::min<double>(T, c.vocab) * 12;
-        EXPECT_NEAR(plan.category_bytes(MEM_OTHER) / other, 1.0, 1e-3);
-        EXPECT_EQ(plan.category_bytes(MEM_COMM), 0);
-    }
+// The plan (dry run of the arena) against the memory formulas in the headers of llama.cu,
+// offload.cu and chunked.cu, written out here independently, for every combination of flags.
+struct Expected {
+    double attention, other, host;
+};
+
+Expected expected_memory(const LlamaConfig& c, const StepOptions& o, double T) {
+    const double L = c.n_layers, D = c.dim, F = c.ffn_dim, V = c.vocab, QKV = c.qkv_dim(), QD = c.q_dim();
+    const double Hq = c.n_heads;
+    const double C = o.chunked ? std::min<double>(o.chunk_tokens ? o.chunk_tokens : D, T) : T;
+    const double CL = o.chunked ? std::min<double>(o.loss_chunk_tokens ? o.loss_chunk_tokens : 4096, T) : T;
+    const bool keep_att = !o.ckpt, keep_out = !o.ckpt || o.selective, keep_mlp = !o.ckpt && !o.chunked;
+    Expected e;
+    e.attention = (keep_att ? L : 1) * T * 2 * QKV + (keep_out ? (o.offload ? 2 : L) : 1) * T * (2 * QD + 4 * Hq) +
+                  T * (2 * QKV + 2 * QD + 4 * Hq);  // dqkv, datt, delta
+    e.other = (o.offload ? 2 : L + 1) * T * 2 * D       // block inputs (all, or two staging slots)
+              + (keep_att ? L * T : C) * 2 * D          // x_mid
+              + (keep_mlp ? L : 1) * C * (2 * (2 * D + 3 * F) + 8)  // xn1, xn2, h13, act, rstd
+              + CL * (2 * D + 4 + 2 * V) + 4 * T        // head chunk, losses
+              + T * 2 * D + std::max(C, CL) * 2 * D + C * 6 * F  // dres, dxn, dh13, dact
+              + 16 * T + 12 * std::min<double>(T, V);   // tokens, targets, embedding groups
+    e.host = o.offload ? (L - 1) * T * (2 * D + (o.selective ? 2 * QD + 4 * Hq : 0)) : 0;
+    return e;
+}
+
+TEST(MemoryPlan, MatchesFormulasForEveryTechnique) {
+    std::vector<std::pair<std::string, StepOptions>> modes;
+    StepOptions o;
+    modes.push_back({"plain", o});
+    o.ckpt = true;
+    modes.push_back({"ckpt", o});
+    o.selective = true;
+    modes.push_back({"ckpt=selective", o});
+    o.offload = true;
+    modes.push_back({"ckpt=selective offload", o});
+    o.selective = false;
+    modes.push_back({"ckpt offload", o});
+    o.chunked = true;
+    modes.push_back({"ckpt offload chunked", o});
+    o = StepOptions();
+    o.chunked = true;
+    modes.push_back({"chunked", o});
+    o.chunk_tokens = 1000, o.loss_chunk_tokens = 3000;
+    modes.push_back({"chunked 1000/3000", o});
+    for (const char* name : {"llama3.2-3b", "llama3.1-8b"})
+        for (auto& [mode, opt] : modes) {
+            SCOPED_TRACE(std::string(name) + " " + mode);
+            Options run;
+            run.step = opt;
+            const int64_t T = 65536;
+            LlamaConfig c = config_by_name(name);
+            MemoryPlan plan = plan_memory(c, run, T);
+            Expected e = expected_memory(c, opt, T);
+            EXPECT_NEAR(plan.arena.category_bytes(MEM_MODEL) / (18.0 * count_params(c)), 1.0, 1e-3);
+            EXPECT_NEAR(plan.arena.category_bytes(MEM_ATTENTION) / e.attention, 1.0, 1e-3);
+            EXPECT_NEAR(plan.arena.category_bytes(MEM_OTHER) / e.other, 1.0, 1e-3);
+            EXPECT_EQ(plan.arena.category_bytes(MEM_COMM), 0);
+            if (e.host > 0) EXPECT_NEAR(plan.host_bytes / e.host, 1.0, 1e-9);
+            else EXPECT_EQ(plan.host_bytes, 0);
+        }
+}
+
+TEST(MemoryPlan, EachStageNeedsLess) {
+    LlamaConfig c = config_by_name("llama3.1-8b");
+    Options o;
+    double prev = plan_memory(c, o, 262144).arena.total();
+    o.step.ckpt = true;
+    double ckpt = plan_memory(c, o, 262144).arena.total();
+    o.step.offload = true;
+    double off = plan_memory(c, o, 262144).arena.total();
+    o.step.chunked = true;
+    double chunk = plan_memory(c, o, 262144).arena.total();
+    EXPECT_LT(ckpt, prev);
+    EXPECT_LT(off, ckpt);
+    EXPECT_LT(chunk, off);
+}
+
+TEST(MemoryPlan, LongestContextIsTheLastThatFits) {
+    LlamaConfig c = config_by_name("llama3.2-3b");
+    c.n_layers = 4;
+    Options o;
+    o.step.ckpt = o.step.chunked = true;
+    int64_t n = longest_context(c, o, 80.0, 0.55);
+    ASSERT_GT(n, 0);
+    EXPECT_LE(plan_memory(c, o, n).total_gib(0.55), 80.0);
+    EXPECT_GT(plan_memory(c, o, n + 1024).total_gib(0.55), 80.0);
+}
+
+TEST(Flags, MemoryTechniques) {
+    Options o = parse({"--offload", "--chunked", "--chunk-tokens", "2K"});
+    EXPECT_TRUE(o.step.offload);
+    EXPECT_TRUE(o.step.ckpt);  // offload implies checkpointing
+    EXPECT_FALSE(o.step.selective);
+    EXPECT_EQ(o.step.chunk_tokens, 2048);
+    EXPECT_TRUE(parse({"--ckpt=selective"}).step.selective);
+    EXPECT_EQ(fatal_code([] { parse({"--ckpt=some"}); }), EXIT_USAGE);
+    EXPECT_EQ(fatal_code([] { parse({"--chunk-tokens", "100"}); }), EXIT_USAGE);  // needs --chunked
+    EXPECT_EQ(fatal_code([] { parse({"--timeline", "t.json"}); }), EXIT_USAGE);   // needs --offload
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ TEST_F(Rope, ForwardAndInverseMatchReference) {
     for (bool inverse : {false, true}) {
         SCOPED_TRACE(inverse ? "inverse" : "forward");
         upload(d_x, x);
-        rope_apply(d_x, T, S, 0, heads, hd, ld, d_inv, inverse, 0);
+        rope_apply(d_x, T, 0, S, 0, heads, hd, ld, d_inv, inverse, 0);
         std::vector<double> expect = x;
         ref::rope_apply(expect.data(), T, S, heads, hd, ld, ref::rope_inv_freq(c), inverse);
         auto got = download(d_x.ptr, T * ld);
@@ -109,7 +109,7 @@ TEST_F(Rope, FarPositionsStayAccurate) {
     CUDA_CHECK(cudaMemcpy(d_inv.ptr, inv_gpu.data(), inv_gpu.size() * sizeof(double), cudaMemcpyHostToDevice));
     DeviceBuffer<bf16> d_x(T * hd);
     upload(d_x, x);
-    rope_apply(d_x, T, T, pos0, 1, hd, hd, d_inv, false, 0);
+    rope_apply(d_x, T, 0, T, pos0, 1, hd, hd, d_inv, false, 0);
     std::vector<double> expect(T * hd);
     for (int64_t t = 0; t < T; t++)
         for (int i = 0; i < hd / 2; i++) {

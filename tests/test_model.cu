@@ -26,7 +26,7 @@ struct GpuModel {
         dm.runtime_bytes = (int64_t)(total_b - free_b);
         model_allocate(m, arena, dm, "");
     }
-    ~GpuModel() { model_free(dm); }
+    ~GpuModel() { model_free(m, dm); }
     // Random parameters: matrices N(0, std), norm gains 1 + N(0, 0.1). bf16-exact, so the
     // reference sees the device's compute weights.
     std::vector<double> set_random_params(std::mt19937_64& rng, double std) {

@@ -1,0 +1,219 @@
+// offload.cu - activation checkpointing (--ckpt, ladder stage 3) and CPU offload of the kept
+// tensors (--offload, stage 4). The talk explains both at 07:48.
+//
+// Checkpointing. A plain step keeps every activation of every layer for the backward. With
+// --ckpt a layer keeps only its input x_in (the residual stream entering the block); in the
+// backward it first recomputes its own forward from x_in (norm, QKV, RoPE, attention, Wo, MLP),
+// then runs its backward. One layer's worth of work buffers is shared by all layers.
+// --ckpt=selective also keeps each layer's attention output and log-sum-exp, so the backward
+// never reruns the attention forward: at long context attention is most of a layer's compute
+// (forward 1 unit, backward 2.5 units), so skipping its recomputation saves close to a fifth
+// of the step (1 of 1 + 1 + 2.5 attention units plus the cheaper GEMMs).
+//
+// Offload. With --offload (which needs --ckpt) the kept tensors go to pinned host memory as soon
+// as they are produced, on a copy stream; in the backward, while layer l runs, layer l-1's are
+// already being copied back. The device keeps two staging slots for them (double buffering):
+//   forward:  layer l reads slot l % 2 and writes its output into slot (l+1) % 2, after the copy
+//             that was emptying that slot (layer l-1's input) has finished;
+//   backward: layer l waits for its slot's copy, then the copy of layer l-1 into the other slot
+//             starts as soon as everything queued before it (layer l+1, which used that slot)
+//             is done.
+// Ordering is by CUDA events between the compute stream and the copy stream only; nothing
+// synchronizes the device. The last layer's input never leaves: the first layer of the
+// backward needs it at once. Pinned memory is allocated once (pinning costs about 0.6 s per
+// GiB) and reused by every step.
+//
+// Memory per GPU, for T local tokens, L layers (bytes):
+//   kept per token and layer          plain                 --ckpt   --ckpt=selective
+//     "other"                         2 (4D + 3F) + 8       2 D      2 D
+//     "attention"                     2 (qkv_dim + Hq d) + 4 Hq   0  2 Hq d + 4 Hq
+//   Llama 3.1 8B:                     139,400               8,192    16,512
+// plus, under --ckpt, one layer's work buffers (not multiplied by L). Under --offload those
+// kept bytes move to the host, (L - 1) T (2 D [+ 2 Hq d + 4 Hq]), and the device holds two slots.
+//
+// Copies are hidden when a layer's copy takes less time than its compute. A layer's input is
+// 2 D bytes per token (8 KiB for 8B): at the 55 GB/s of a pinned copy on an H200 that is
+// 0.15 us per token, against about 3.3 us per token of the layer's GEMMs alone (6 FLOPs x 218 M
+// parameters at 400 TFLOP/s), before attention, which grows with the context. So the copies hide
+// with a wide margin at any context length.
+#include <algorithm>
+
+#include "llama.h"
+
+struct Offload {
+    bf16* host_x = nullptr;     // [L - 1, T, D] block inputs of layers 0 .. L-2
+    bf16* host_att = nullptr;   // [L - 1, T, Hq d] attention outputs (selective)
+    float* host_lse = nullptr;  // [L - 1, B Hq S]
+    int64_t host_bytes = 0;
+    cudaStream_t copy = nullptr;
+    cudaEvent_t compute_mark = nullptr;    // recorded on the compute stream before each copy
+    cudaEvent_t copied_out[2][2] = {};     // [x_in, att][slot]: the slot's copy to the host is done
+    cudaEvent_t fetched[2] = {};           // [slot]: the slot's copy from the host is done
+    cudaEvent_t copy_idle = nullptr;
+    // Event timeline (--timeline).
+    bool timeline = false;
+    std::vector<cudaEvent_t> pool;
+    size_t used = 0;
+    int step_start = -1, open_mark = -1;
+    struct Mark {
+        std::string stream, what;
+        int layer, begin, end;
+    };
+    std::vector<Mark> marks;
+};
+
+static int64_t tokens(const Model& m) { return m.shape.tokens(); }
+static int64_t lse_count(const Model& m) { return (int64_t)m.shape.batch * m.cfg.n_heads * m.shape.seq; }
+
+int64_t offload_host_bytes(const Model& m) {
+    if (!m.opt.offload) return 0;
+    const int64_t kept_layers = std::max(0, m.cfg.n_layers - 1), T = tokens(m);
+    int64_t per_layer = T * m.cfg.dim * 2;
+    if (m.opt.selective) per_layer += T * m.cfg.q_dim() * 2 + lse_count(m) * 4;
+    return kept_layers * per_layer;
+}
+
+void offload_create(Model& m) {
+    Offload* o = new Offload();
+    m.offload = o;
+    const int64_t kept = std::max(0, m.cfg.n_layers - 1), T = tokens(m);
+    o->host_bytes = offload_host_bytes(m);
+    auto pin = [&](void** p, int64_t bytes, const char* what) {
+        if (bytes == 0) return;
+        if (cudaHostAlloc(p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+            cudaGetLastError();
+            throw Fatal(EXIT_OOM, "out of memory: pinned host memory for the offloaded " + std::string(what) + " (" +
+                                      std::to_string(bytes / GiB) + " GiB; all offloaded tensors need " +
+                                      std::to_string(o->host_bytes / GiB) + " GiB) could not be allocated");
+        }
+    };
+    pin((void**)&o->host_x, kept * T * m.cfg.dim * 2, "block inputs");
+    if (m.opt.selective) {
+        pin((void**)&o->host_att, kept * T * m.cfg.q_dim() * 2, "attention outputs");
+        pin((void**)&o->host_lse, kept * lse_count(m) * 4, "attention lse");
+    }
+    CUDA_CHECK(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking));
+    auto event = [](cudaEvent_t* e) { CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming)); };
+    event(&o->compute_mark);
+    event(&o->copy_idle);
+    for (int k = 0; k < 2; k++) {
+        event(&o->fetched[k]);
+        for (int j = 0; j < 2; j++) event(&o->copied_out[j][k]);
+    }
+}
+
+void offload_destroy(Model& m) {
+    Offload* o = m.offload;
+    if (!o) return;
+    cudaStreamSynchronize(o->copy);
+    cudaFreeHost(o->host_x), cudaFreeHost(o->host_att), cudaFreeHost(o->host_lse);
+    for (cudaEvent_t e : o->pool) cudaEventDestroy(e);
+    cudaEventDestroy(o->compute_mark), cudaEventDestroy(o->copy_idle);
+    for (int k = 0; k < 2; k++) {
+        cudaEventDestroy(o->fetched[k]);
+        for (int j = 0; j < 2; j++) cudaEventDestroy(o->copied_out[j][k]);
+    }
+    cudaStreamDestroy(o->copy);
+    delete o;
+    m.offload = nullptr;
+}
+
+// A timing event from the pool, recorded on `stream` now (timeline only).
+static int timeline_event(Offload& o, cudaStream_t stream) {
+    if (o.used == o.pool.size()) {
+        o.pool.push_back(nullptr);
+        CUDA_CHECK(cudaEventCreate(&o.pool.back()));
+    }
+    CUDA_CHECK(cudaEventRecord(o.pool[o.used], stream));
+    return (int)o.used++;
+}
+
+// Copy on the copy stream once the compute stream has reached this point.
+static void copy_after_compute(Model& m, void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind,
+                               const char* what, int layer, cudaStream_t compute) {
+    Offload& o = *m.offload;
+    CUDA_CHECK(cudaEventRecord(o.compute_mark, compute));
+    CUDA_CHECK(cudaStreamWaitEvent(o.copy, o.compute_mark, 0));
+    int begin = o.timeline ? timeline_event(o, o.copy) : -1;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, o.copy));
+    if (o.timeline) o.marks.push_back({"copy", what, layer, begin, timeline_event(o, o.copy)});
+}
+
+void offload_step_begin(Model& m, cudaStream_t s) {
+    Offload& o = *m.offload;
+    // The previous step's copies are done before this step reuses the slots.
+    CUDA_CHECK(cudaEventRecord(o.copy_idle, o.copy));
+    CUDA_CHECK(cudaStreamWaitEvent(s, o.copy_idle, 0));
+    if (o.timeline) {
+        o.used = 0;
+        o.marks.clear();
+        o.step_start = timeline_event(o, s);
+    }
+}
+
+void offload_save_block_input(Model& m, int l, cudaStream_t s) {
+    if (l >= m.cfg.n_layers - 1) return;  // the last layer's input stays for the backward
+    Offload& o = *m.offload;
+    const int64_t n = tokens(m) * m.cfg.dim;
+    copy_after_compute(m, o.host_x + l * n, m.layers[l].x_in, n * 2, cudaMemcpyDeviceToHost, "x_in to host", l, s);
+    CUDA_CHECK(cudaEventRecord(o.copied_out[0][l % 2], o.copy));
+}
+
+void offload_save_attention(Model& m, int l, cudaStream_t s) {
+    if (l >= m.cfg.n_layers - 1) return;
+    Offload& o = *m.offload;
+    const int64_t n = tokens(m) * m.cfg.q_dim(), nl = lse_count(m);
+    copy_after_compute(m, o.host_att + l * n, m.layers[l].att, n * 2, cudaMemcpyDeviceToHost, "att to host", l, s);
+    copy_after_compute(m, o.host_lse + l * nl, m.layers[l].lse, nl * 4, cudaMemcpyDeviceToHost, "lse to host", l, s);
+    CUDA_CHECK(cudaEventRecord(o.copied_out[1][l % 2], o.copy));
+}
+
+void offload_before_layer_forward(Model& m, int l, cudaStream_t s) {
+    Offload& o = *m.offload;
+    // Layer l writes its output into slot (l+1) % 2, which held layer l-1's input.
+    if (l >= 1) CUDA_CHECK(cudaStreamWaitEvent(s, o.copied_out[0][(l + 1) % 2], 0));
+    // Its attention output goes into slot l % 2, which held layer l-2's.
+    if (m.opt.selective && l >= 2) CUDA_CHECK(cudaStreamWaitEvent(s, o.copied_out[1][l % 2], 0));
+}
+
+void offload_before_layer_backward(Model& m, int l, cudaStream_t s) {
+    Offload& o = *m.offload;
+    if (l < m.cfg.n_layers - 1) CUDA_CHECK(cudaStreamWaitEvent(s, o.fetched[l % 2], 0));
+    if (l == 0) return;
+    // Prefetch layer l-1 into the other slot while layer l computes.
+    const int p = l - 1;
+    const int64_t n = tokens(m) * m.cfg.dim;
+    copy_after_compute(m, m.layers[p].x_in, o.host_x + p * n, n * 2, cudaMemcpyHostToDevice, "x_in to device", p, s);
+    if (m.opt.selective) {
+        const int64_t na = tokens(m) * m.cfg.q_dim(), nl = lse_count(m);
+        copy_after_compute(m, m.layers[p].att, o.host_att + p * na, na * 2, cudaMemcpyHostToDevice, "att to device", p, s);
+        copy_after_compute(m, m.layers[p].lse, o.host_lse + p * nl, nl * 4, cudaMemcpyHostToDevice, "lse to device", p, s);
+    }
+    CUDA_CHECK(cudaEventRecord(o.fetched[p % 2], o.copy));
+}
+
+void offload_enable_timeline(Model& m, bool on) {
+    if (m.offload) m.offload->timeline = on;
+}
+
+void offload_mark_layer(Model& m, const char* what, int layer, bool begin, cudaStream_t s) {
+    Offload& o = *m.offload;
+    if (!o.timeline) return;
+    if (begin) o.open_mark = timeline_event(o, s);
+    else o.marks.push_back({"compute", what, layer, o.open_mark, timeline_event(o, s)});
+}
+
+std::vector<TimelineEntry> offload_timeline(Model& m) {
+    std::vector<TimelineEntry> out;
+    if (!m.offload || !m.offload->timeline || m.offload->step_start < 0) return out;
+    Offload& o = *m.offload;
+    CUDA_CHECK(cudaDeviceSynchronize());  // reporting, after the step: not on the step's path
+    cudaEvent_t t0 = o.pool[o.step_start];
+    for (const auto& mk : o.marks) {
+        float b = 0, e = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&b, t0, o.pool[mk.begin]));
+        CUDA_CHECK(cudaEventElapsedTime(&e, t0, o.pool[mk.end]));
+        out.push_back({mk.stream, mk.what, mk.layer, b, e});
+    }
+    return out;
+}
