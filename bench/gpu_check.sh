@@ -3,7 +3,9 @@
 # the GPU test suites, a Llama 3.2 3B training run at 8K tokens, attention TFLOP/s, and PyTorch
 # SDPA on the same shapes. Logs go to $OUT (or ./gpu_logs).
 set -u
-OUT=${OUT:-gpu_logs}; mkdir -p "$OUT"
+FINAL=${OUT:-gpu_logs}; mkdir -p "$FINAL"
+# Logs are written to a scratch folder and returned as one archive (the device returns 8 files).
+OUT=$(mktemp -d)
 export NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -26,3 +28,4 @@ if [ "${BENCH:-1}" = 1 ]; then
   step "pytorch sdpa"
   PYTHONUNBUFFERED=1 timeout 200 python3 bench/attention_vs_torch.py --seqs ${TORCH_SEQS:-16384,65536} --reps 5 --json "$OUT/torch.jsonl" 2>&1 | grep -v Warning | tee "$OUT/torch.log"
 fi
+(cd "$OUT" && tar czf "$FINAL/logs.tar.gz" . && cp *.md *.txt "$FINAL"/ 2>/dev/null); true
