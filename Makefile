@@ -11,15 +11,16 @@ CXX       ?= g++
 GPU_ARCH  ?= -gencode=arch=compute_90a,code=sm_90a
 NVFLAGS   ?= -O3 -std=c++17 $(GPU_ARCH) -lineinfo -Xcompiler -Wall
 CXXFLAGS  ?= -O2 -std=c++17 -Wall -I$(CUDA_HOME)/include
-LDLIBS    := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lpthread
+LDLIBS    := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lnccl -lpthread
 GTEST     := -lgtest -lpthread
 
 RUN_ARGS  ?= --config llama3.2-3b --seq-len 8K --steps 30 --lr 3e-4 --task copy
 
 HEADERS   := common.h llama.h train.h
-LIB_OBJS  := build/llama.o build/attention.o build/chunked.o build/offload.o
+LIB_OBJS  := build/llama.o build/attention.o build/chunked.o build/offload.o build/fsdp.o \
+             build/ulysses.o build/comm.o
 TEST_BINS := build/tests/test_reference build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
-             build/tests/test_attention build/tests/test_model
+             build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu
 TEST_COMMON := build/tests/test_main.o build/tests/reference.o
 
 all: train $(TEST_BINS) build/bench_attention

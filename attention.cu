@@ -553,8 +553,10 @@ void launch_backward(const Params& p, const AttentionShape& sh, cudaStream_t s) 
         configured = true;
     }
     const int64_t T = (int64_t)sh.batch * sh.seq;
-    attention_delta_kernel<HD><<<(unsigned)((T * sh.n_heads + 7) / 8), 256, 0, s>>>(p, T);
-    CUDA_CHECK_LAUNCH();
+    if (p.o) {  // otherwise the caller computed delta (Ulysses: on the token-sharded side)
+        attention_delta_kernel<HD><<<(unsigned)((T * sh.n_heads + 7) / 8), 256, 0, s>>>(p, T);
+        CUDA_CHECK_LAUNCH();
+    }
     dim3 grid_kv((unsigned)((sh.seq + KV_K - 1) / KV_K), sh.n_kv_heads, sh.batch);
     attention_backward_dkdv_kernel<HD><<<grid_kv, THREADS, dkdv_smem<HD>(), s>>>(p);
     CUDA_CHECK_LAUNCH();

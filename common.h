@@ -128,15 +128,20 @@ struct ParamTensor {
     int64_t numel() const { return rows * cols; }
 };
 
+constexpr int NUM_PARAM_KINDS = 9;
+
 struct ParamLayout {
     std::vector<ParamTensor> tensors;
     std::vector<int64_t> unit_begin;  // unit u spans [unit_begin[u], unit_begin[u+1])
+    std::vector<int> by_key;          // key(kind, layer) -> index in tensors, or -1
     int64_t total = 0;                // elements including alignment padding
     int num_units() const { return (int)unit_begin.size() - 1; }
+    int64_t unit_size(int u) const { return unit_begin[u + 1] - unit_begin[u]; }
+    static int key(ParamKind kind, int layer) { return (layer + 1) * NUM_PARAM_KINDS + (int)kind; }
     const ParamTensor& find(ParamKind kind, int layer = -1) const {
-        for (const auto& t : tensors)
-            if (t.kind == kind && t.layer == layer) return t;
-        throw std::logic_error("parameter not in layout");
+        int k = key(kind, layer);
+        if (k < 0 || k >= (int)by_key.size() || by_key[k] < 0) throw std::logic_error("parameter not in layout");
+        return tensors[by_key[k]];
     }
 };
 
@@ -165,6 +170,9 @@ inline ParamLayout param_layout(const LlamaConfig& c) {
     if (!c.tied_embeddings) add(P_LM_HEAD, -1, c.n_layers + 1, c.vocab, c.dim, true);
     lay.unit_begin.push_back(off);
     lay.total = off;
+    lay.by_key.assign((c.n_layers + 1) * NUM_PARAM_KINDS, -1);
+    for (size_t i = 0; i < lay.tensors.size(); i++)
+        lay.by_key[ParamLayout::key(lay.tensors[i].kind, lay.tensors[i].layer)] = (int)i;
     return lay;
 }
 

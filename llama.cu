@@ -678,17 +678,17 @@ __device__ inline uint64_t splitmix64(uint64_t x) {
 }
 
 // Value i depends only on (seed, i): the same weights whatever the launch shape.
-__global__ void init_normal_kernel(float* x, int64_t n, float stddev, uint64_t seed) {
+__global__ void init_normal_kernel(float* x, int64_t n, float stddev, uint64_t seed, int64_t index0) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        uint64_t r = splitmix64(seed ^ splitmix64((uint64_t)i));
+        uint64_t r = splitmix64(seed ^ splitmix64((uint64_t)(index0 + i)));
         float u1 = ((r >> 40) + 1) * (1.0f / 16777217.0f);  // (0, 1]
         float u2 = ((r >> 16) & 0xffffff) * (1.0f / 16777216.0f);
         x[i] = stddev * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
     }
 }
-void init_normal(float* x, int64_t n, float stddev, uint64_t seed, cudaStream_t s) {
-    init_normal_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, stddev, seed);
+void init_normal(float* x, int64_t n, float stddev, uint64_t seed, cudaStream_t s, int64_t index0) {
+    init_normal_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, stddev, seed, index0);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -729,19 +729,25 @@ void model_declare_buffers(Model& m, Arena& A) {
     const LlamaConfig& c = m.cfg;
     const StepOptions& o = m.opt;
     m.layout = param_layout(c);
-    const int64_t P = m.layout.total, T = slot_rows(m), D = c.dim, F = c.ffn_dim;
+    const int64_t T = slot_rows(m), D = c.dim, F = c.ffn_dim;
     const int64_t QKV = c.qkv_dim(), QD = c.q_dim(), L = c.n_layers;
-    const int64_t lse_n = (int64_t)m.shape.batch * c.n_heads * m.shape.seq;
+    // Attention's view: the whole sequence, this GPU's heads (all of them without Ulysses).
+    const int sp = m.shape.sp;
+    const UlyssesHeads heads = ulysses_heads(c, sp);
+    const int64_t S_rows = T * sp, WH = heads.width(c.head_dim), QDH = (int64_t)heads.q * c.head_dim;
+    const int64_t lse_n = (int64_t)m.shape.batch * heads.q * m.shape.seq;
     m.chunk_rows = chunk_rows_for(c, o, T);
     m.loss_rows = loss_chunk_rows_for(c, o, T);
     const int64_t W = m.chunk_rows;
 
-    // Model states: 18 bytes per parameter.
+    // Model states: 18 bytes per parameter, all of them or (--fsdp) this GPU's shards.
+    const int64_t P = m.local_params = fsdp_local_params(c, o.fsdp, m.world);
     m.master = A.take<float>("master weights (fp32)", MEM_MODEL, P);
     m.grad = A.take<float>("gradients (fp32)", MEM_MODEL, P);
     m.adam_m = A.take<float>("AdamW first moment", MEM_MODEL, P);
     m.adam_v = A.take<float>("AdamW second moment", MEM_MODEL, P);
     m.weights = A.take<bf16>("weights (bf16 compute copy)", MEM_MODEL, P);
+    fsdp_declare_buffers(m, A);  // gathered units and unit gradients (comm) under --fsdp
 
     // Block inputs: the residual stream of every layer, or two staging slots (--offload).
     const int64_t x_slots = o.offload ? 2 : L + 1;
@@ -752,7 +758,7 @@ void model_declare_buffers(Model& m, Arena& A) {
     bf16* att = A.take<bf16>("attention output", MEM_ATTENTION, att_slots * T * QD);
     float* lse = A.take<float>("attention lse", MEM_ATTENTION, att_slots * lse_n);
     const int64_t qkv_slots = m.keeps_attention() ? L : 1;
-    bf16* qkv = A.take<bf16>("qkv", MEM_ATTENTION, qkv_slots * T * QKV);
+    bf16* qkv = A.take<bf16>("qkv", MEM_ATTENTION, qkv_slots * S_rows * WH);  // [S, heads] = [T, QKV] without Ulysses
     const int64_t mid_slots = m.keeps_attention() ? L : 1, mid_rows = m.keeps_attention() ? T : W;
     bf16* x_mid = A.take<bf16>("x_mid (residual after attention)", MEM_OTHER, mid_slots * mid_rows * D);
     const int64_t mlp_slots = m.keeps_mlp() ? L : 1;  // rows W (= T when they are kept)
@@ -771,7 +777,7 @@ void model_declare_buffers(Model& m, Arena& A) {
         int64_t as = att_slots == 1 ? 0 : (o.offload ? l % 2 : l);
         a.att = slot(att, as, T * QD);
         a.lse = slot(lse, as, lse_n);
-        a.qkv = slot(qkv, qkv_slots == 1 ? 0 : l, T * QKV);
+        a.qkv = slot(qkv, qkv_slots == 1 ? 0 : l, S_rows * WH);
         a.x_mid = slot(x_mid, mid_slots == 1 ? 0 : l, mid_rows * D);
         int64_t ms = mlp_slots == 1 ? 0 : l;
         a.xn1 = slot(xn1, ms, W * D), a.rstd1 = slot(rstd1, ms, W);
@@ -792,6 +798,18 @@ void model_declare_buffers(Model& m, Arena& A) {
     m.dqkv = A.take<bf16>("d qkv", MEM_ATTENTION, T * QKV);
     m.datt = A.take<bf16>("d attention output", MEM_ATTENTION, T * QD);
     m.delta = A.take<float>("attention delta", MEM_ATTENTION, lse_n);
+    if (sp > 1) {  // Ulysses (ulysses.cu): the token-sharded side and the all-to-all staging
+        m.qkv_local = A.take<bf16>("qkv before all-to-all", MEM_ATTENTION, T * QKV);
+        m.att_heads = A.take<bf16>("attention output, head-sharded", MEM_ATTENTION, S_rows * QDH);
+        m.datt_heads = A.take<bf16>("d attention output, head-sharded", MEM_ATTENTION, S_rows * QDH);
+        m.dqkv_heads = A.take<bf16>("d qkv, head-sharded", MEM_ATTENTION, S_rows * WH);
+        const int64_t a2a = T * std::max<int64_t>(sp * WH, QD);
+        m.a2a_send = A.take<bf16>("all-to-all send", MEM_COMM, a2a);
+        m.a2a_recv = A.take<bf16>("all-to-all receive", MEM_COMM, a2a);
+        m.delta_local = A.take<float>("delta, token-sharded", MEM_COMM, T * c.n_heads);
+        m.delta_send = A.take<float>("delta all-to-all send", MEM_COMM, T * c.n_heads);
+        m.delta_recv = A.take<float>("delta all-to-all receive", MEM_COMM, T * c.n_heads);
+    }
     m.dxn = A.take<bf16>("d norm output", MEM_OTHER, std::max(W, m.loss_rows) * D);
     m.dh13 = A.take<bf16>("d h13", MEM_OTHER, W * 2 * F);
     m.dact = A.take<bf16>("d act", MEM_OTHER, W * F);
@@ -825,10 +843,20 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     std::vector<double> inv = rope_inv_freq(m.cfg);
     CUDA_CHECK(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
     if (m.opt.offload) offload_create(m);  // pinned host memory, once for the whole run
+    if (!m.comm) m.comm = comm_single(), m.owns_comm = true;
+    m.comm_fsdp = m.comm->split();
+    CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
+    fsdp_create(m);
 }
 
 void model_free(Model& m, DeviceMemory& dm) {
     offload_destroy(m);
+    fsdp_destroy(m);
+    if (m.comm_stream) cudaStreamDestroy(m.comm_stream);
+    m.comm_stream = nullptr;
+    delete m.comm_fsdp;
+    m.comm_fsdp = nullptr;
+    if (m.owns_comm) delete m.comm, m.comm = nullptr;
     if (dm.slab) CUDA_CHECK(cudaFree(dm.slab));
     dm.slab = nullptr;
     dm.slab_bytes = 0;
@@ -836,22 +864,23 @@ void model_free(Model& m, DeviceMemory& dm) {
 
 void model_init_weights(Model& m, uint64_t seed, cudaStream_t s) {
     // HF LlamaForCausalLM init: every linear and the embedding N(0, 0.02); RMSNorm gains 1.
-    int i = 0;
-    for (const auto& t : m.layout.tensors) {
-        float* p = m.master + t.offset;
-        if (t.rows == 1)
-            init_constant(p, t.numel(), 1.0f, s);
-        else
-            init_normal(p, t.numel(), 0.02f, seed * 1000003ull + i, s);
-        i++;
+    // Each value depends only on (seed, tensor, index): a shard holds exactly its part of the
+    // single-GPU model's weights.
+    CUDA_CHECK(cudaMemsetAsync(m.master, 0, m.local_params * sizeof(float), s));  // padding
+    for (const ParamSegment& seg : fsdp_segments(m)) {
+        const ParamTensor& t = *seg.tensor;
+        float* p = m.master + seg.local;
+        uint64_t tensor_seed = seed * 1000003ull + (uint64_t)(&t - m.layout.tensors.data());
+        if (t.rows == 1) init_constant(p, seg.count, 1.0f, s);
+        else init_normal(p, seg.count, 0.02f, tensor_seed, s, seg.tensor_offset);
     }
-    convert_f32_to_bf16(m.weights, m.master, m.layout.total, s);
-    CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.layout.total * sizeof(float), s));
-    CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.layout.total * sizeof(float), s));
+    convert_f32_to_bf16(m.weights, m.master, m.local_params, s);
+    CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.local_params * sizeof(float), s));
+    CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.local_params * sizeof(float), s));
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s) {
+void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s, int64_t n_valid) {
     const int64_t T = m.shape.tokens();
     CUDA_CHECK(cudaMemcpyAsync(m.tokens, tokens, T * sizeof(int32_t), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(m.targets, targets, T * sizeof(int32_t), cudaMemcpyHostToDevice, s));
@@ -863,13 +892,16 @@ void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cu
                                cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(m.emb_positions, g.position.data(), T * sizeof(int64_t),
                                cudaMemcpyHostToDevice, s));
-    m.n_valid_targets = 0;
-    for (int64_t t = 0; t < T; t++) m.n_valid_targets += targets[t] >= 0;
+    m.n_valid_targets = n_valid;
+    if (n_valid < 0) {
+        m.n_valid_targets = 0;
+        for (int64_t t = 0; t < T; t++) m.n_valid_targets += targets[t] >= 0;
+    }
     // The copies above read host memory that the caller may reuse: finish them now.
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-static AttentionShape attention_shape(const Model& m) {
+static AttentionShape attention_shape(const Model& m) {  // without Ulysses
     return {m.shape.batch, m.shape.seq, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim};
 }
 
@@ -889,9 +921,12 @@ static void attention_input_forward(Model& m, int l, int64_t t0, int64_t t1, cud
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
     const int64_t n = t1 - t0, QKV = c.qkv_dim();
+    // Under Ulysses the projection is token-sharded and goes through an all-to-all before the
+    // layer's (head-sharded) qkv; otherwise it is the layer's qkv.
+    bf16* qkv = at(m.shape.sp > 1 ? m.qkv_local : a.qkv, t0, QKV);
     rmsnorm_forward(a.xn1, a.rstd1, at(a.x_in, t0, c.dim), m.w(P_ATTN_NORM, l), n, c.dim, c.norm_eps, s);
-    linear_forward(at(a.qkv, t0, QKV), a.xn1, m.w(P_WQKV, l), nullptr, n, c.dim, QKV, s);
-    rope_apply(at(a.qkv, t0, QKV), n, t0, m.shape.seq, 0, c.n_heads + c.n_kv_heads, c.head_dim, QKV,
+    linear_forward(qkv, a.xn1, m.w(P_WQKV, l), nullptr, n, c.dim, QKV, s);
+    rope_apply(qkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
                m.inv_freq, false, s);
 }
 
@@ -901,7 +936,8 @@ static void attention_input_backward(Model& m, int l, int64_t t0, int64_t t1, cu
     LayerActivations& a = m.layers[l];
     const int64_t n = t1 - t0, QKV = c.qkv_dim();
     bf16* dqkv = at(m.dqkv, t0, QKV);
-    rope_apply(dqkv, n, t0, m.shape.seq, 0, c.n_heads + c.n_kv_heads, c.head_dim, QKV, m.inv_freq, true, s);
+    rope_apply(dqkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
+               m.inv_freq, true, s);
     if (!m.keeps_mlp())  // the chunk's norm output was not kept: recompute it (cheap, exact)
         rmsnorm_forward(a.xn1, a.rstd1, at(a.x_in, t0, c.dim), m.w(P_ATTN_NORM, l), n, c.dim, c.norm_eps, s);
     linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), n, c.dim, QKV, s);
@@ -910,8 +946,10 @@ static void attention_input_backward(Model& m, int l, int64_t t0, int64_t t1, cu
                      m.w(P_ATTN_NORM, l), a.rstd1, n, c.dim, true, m.norm_partial, s);
 }
 
-// Attention over the whole sequence: att, lse from qkv.
+// Attention over the whole sequence: att, lse from qkv (through Ulysses's all-to-alls when the
+// sequence is split over GPUs).
 static void attention_core_forward(Model& m, int l, cudaStream_t s) {
+    if (m.shape.sp > 1) return ulysses_attention_forward(m, l, s);
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
     const int64_t QKV = c.qkv_dim();
@@ -921,6 +959,7 @@ static void attention_core_forward(Model& m, int l, cudaStream_t s) {
 }
 
 static void attention_core_backward(Model& m, int l, cudaStream_t s) {
+    if (m.shape.sp > 1) return ulysses_attention_backward(m, l, s);
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
     const int64_t W = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
@@ -947,19 +986,28 @@ static void layer_backward(Model& m, int l, cudaStream_t s) {
     FOR_EACH_CHUNK(m, t0, t1) attention_input_backward(m, l, t0, t1, s);
 }
 
+// Units of the flat parameters (FSDP shards and gathers them one at a time, fsdp.cu).
+static int layer_unit(int l) { return 1 + l; }
+static int head_unit(const Model& m) { return m.cfg.n_layers + 1; }
+
 void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void* ctx) {
     const LlamaConfig& c = m.cfg;
     const int64_t T = m.shape.tokens();
     const int L = c.n_layers;
-    CUDA_CHECK(cudaMemsetAsync(m.grad, 0, m.layout.total * sizeof(float), s));
+    const bool tied = c.tied_embeddings;
+    fsdp_step_begin(m, s);  // zeroes the gradients
     if (m.offload) offload_step_begin(m, s);
 
     // Forward. Under --offload each block input is copied to the host once it is complete.
+    fsdp_acquire(m, 0, s);
     embedding_forward(m.layers[0].x_in, m.tokens, m.w(P_EMBED), T, c.dim, s);
+    fsdp_release(m, 0, s);
     if (m.offload) offload_save_block_input(m, 0, s);
     for (int l = 0; l < L; l++) {
+        fsdp_acquire(m, layer_unit(l), s);
         if (m.offload) offload_before_layer_forward(m, l, s), offload_mark_layer(m, "forward", l, true, s);
         layer_forward(m, l, s);
+        fsdp_release(m, layer_unit(l), s);
         if (m.offload) {
             offload_mark_layer(m, "forward", l, false, s);
             if (l + 1 < L) offload_save_block_input(m, l + 1, s);
@@ -968,32 +1016,51 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     }
 
     // LM head and loss, forward and backward together: dres = d loss / d x_final.
+    fsdp_acquire(m, head_unit(m), s);
+    if (tied) fsdp_acquire(m, 0, s);
+    fsdp_grad_begin(m, head_unit(m), s);
+    if (tied) fsdp_grad_begin(m, 0, s);
     head_forward_backward(m, s);
+    fsdp_grad_end(m, head_unit(m), true, s);
+    if (tied) fsdp_grad_end(m, 0, false, s);  // the lookup adds the rest at the end
+    fsdp_release(m, head_unit(m), s);
+    if (tied) fsdp_release(m, 0, s);
     sum_floats(m.scalars + 0, m.losses, T, m.reduce_scratch, s);
 
-    // Backward through the layers, then the embedding.
+    // Backward through the layers, then the embedding (its lookup needs no weights).
     for (int l = L - 1; l >= 0; l--) {
+        fsdp_acquire(m, layer_unit(l), s);
+        fsdp_grad_begin(m, layer_unit(l), s);
         if (m.offload) offload_before_layer_backward(m, l, s), offload_mark_layer(m, "backward", l, true, s);
         layer_backward(m, l, s);
         if (m.offload) offload_mark_layer(m, "backward", l, false, s);
+        fsdp_grad_end(m, layer_unit(l), true, s);
+        fsdp_release(m, layer_unit(l), s);
         if (progress) progress(ctx, "bwd", l);
     }
+    fsdp_grad_begin(m, 0, s);
     embedding_backward(m.g(P_EMBED), m.dres, m.emb_group_token, m.emb_group_begin,
                        m.emb_positions, (int64_t)m.emb_groups.token.size(), c.dim, s);
+    fsdp_grad_end(m, 0, true, s);
+    fsdp_step_end(m, s);
+    // The loss of the whole step: every GPU's sum (each already divided by the global count).
+    if (m.world > 1) m.comm->all_reduce(m.scalars + 0, 1, DType::F32, s);
 }
 
 void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s) {
-    sum_squares(m.scalars + 1, m.grad, m.layout.total, m.reduce_scratch, s);
+    // Global gradient norm: each GPU's sum of squares; summed over the shards under --fsdp
+    // (replicated gradients are already the same everywhere).
+    sum_squares(m.scalars + 1, m.grad, m.local_params, m.reduce_scratch, s);
+    if (m.opt.fsdp && m.world > 1) m.comm->all_reduce(m.scalars + 1, 1, DType::F32, s);
     clip_scale(m.scalars + 2, m.scalars + 1, max_grad_norm, s);
-    for (const auto& t : m.layout.tensors)
-        adamw_update(m.master + t.offset, m.weights + t.offset, m.grad + t.offset,
-                     m.adam_m + t.offset, m.adam_v + t.offset, t.numel(), opt, t.decay,
-                     m.scalars + 2, s);
+    for (const ParamSegment& seg : fsdp_segments(m))
+        adamw_update(m.master + seg.local, m.weights + seg.local, m.grad + seg.local, m.adam_m + seg.local,
+                     m.adam_v + seg.local, seg.count, opt, seg.tensor->decay, m.scalars + 2, s);
 }
 
-double model_step_flops(const LlamaConfig& c, const RunShape& shape) {
+double model_step_flops(const LlamaConfig& c, const RunShape& shape) {  // per GPU
     double matmul = 6.0 * (double)count_matmul_params(c) * (double)shape.tokens();
-    AttentionShape sh{shape.batch, shape.seq, c.n_heads, c.n_kv_heads, c.head_dim};
+    AttentionShape sh{shape.batch, shape.seq, c.n_heads / shape.sp, c.n_kv_heads, c.head_dim};
     double attn = 3.5 * attention_forward_flops(sh) * c.n_layers;
     return matmul + attn;
 }

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -161,7 +162,8 @@ void clip_scale(float* grad_scale, const float* sumsq, float max_norm, cudaStrea
 void fill_bf16(bf16* x, int64_t n, float value, cudaStream_t s);
 void convert_f32_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s);
 // Deterministic init: N(0, std) from a counter-based hash of (seed, index).
-void init_normal(float* x, int64_t n, float stddev, uint64_t seed, cudaStream_t s);
+// Value i is that of index index0 + i of the whole tensor (a shard draws its part of it).
+void init_normal(float* x, int64_t n, float stddev, uint64_t seed, cudaStream_t s, int64_t index0 = 0);
 void init_constant(float* x, int64_t n, float value, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
@@ -183,12 +185,12 @@ struct AttentionForwardArgs {
     float* lse;
 };
 struct AttentionBackwardArgs {
-    const bf16 *q, *k, *v, *out, *dout;
+    const bf16 *q, *k, *v, *out, *dout;  // out = nullptr: delta is given, not computed
     int64_t ldq, ldk, ldv, ldo, lddo;
     const float* lse;
     bf16 *dq, *dk, *dv;
     int64_t lddq, lddk, lddv;
-    float* delta;  // scratch [B, Hq, S]: rowsum(dout * out)
+    float* delta;  // [B, Hq, S]: rowsum(dout * out), computed here unless out is nullptr
 };
 void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
 void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh,
@@ -201,12 +203,17 @@ double attention_forward_flops(const AttentionShape& sh);
 // The model on one GPU (llama.cu).
 struct RunShape {
     int batch = 1;     // sequences per step on this GPU
-    int64_t seq = 0;   // tokens per sequence
-    int64_t tokens() const { return batch * seq; }
+    int64_t seq = 0;   // tokens per sequence (the whole sequence, also under Ulysses)
+    int sp = 1;        // Ulysses: GPUs one sequence is split over
+    int sp_rank = 0;   // this GPU holds tokens [sp_rank * seq / sp, (sp_rank + 1) * seq / sp)
+    int64_t tokens() const { return batch * seq / sp; }  // tokens on this GPU
+    int64_t first_position() const { return sp_rank * (seq / sp); }
 };
 
 // The memory techniques that change how a step keeps its activations (one flag each).
 struct StepOptions {
+    bool fsdp = false;               // --fsdp: parameters, gradients, AdamW states sharded over GPUs
+    bool ulysses = false;            // --ulysses: one sequence split over GPUs, all-to-all around attention
     bool ckpt = false;               // --ckpt: keep only block inputs, recompute each layer
     bool selective = false;          // --ckpt=selective: also keep attention output and lse
     bool offload = false;            // --offload: kept tensors in pinned host memory (needs ckpt)
@@ -234,6 +241,8 @@ struct LayerActivations {
 };
 
 struct Offload;  // offload.cu
+struct Fsdp;     // fsdp.cu
+class Comm;      // comm.cu
 
 struct Model {
     LlamaConfig cfg;
@@ -242,9 +251,23 @@ struct Model {
     StepOptions opt;
     int64_t chunk_rows = 0;       // rows of one chunk of a layer (T without --chunked)
     int64_t loss_rows = 0;        // rows of one chunk of the LM head and loss
-    // model states (category "model"): flat, param_layout offsets
+    // Model states (category "model"): this GPU's parameters, all of them (param_layout offsets)
+    // or, under --fsdp, its shard of every unit (fsdp.cu). local_params elements each.
     float *master = nullptr, *grad = nullptr, *adam_m = nullptr, *adam_v = nullptr;
     bf16* weights = nullptr;
+    int64_t local_params = 0;
+    // The weights and the gradient accumulation buffer of each unit as compute sees them: views
+    // into the arrays above, or (--fsdp) gathered copies and per-unit gradient buffers.
+    std::vector<bf16*> unit_w;
+    std::vector<float*> unit_g;
+    // Communication: the world (identity on one GPU); FSDP's collectives run on their own
+    // communicator and stream, Ulysses's on the compute stream.
+    Comm* comm = nullptr;         // set by the caller, or a single-GPU one made by model_allocate
+    Comm* comm_fsdp = nullptr;    // made by model_allocate (split of comm), freed by model_free
+    bool owns_comm = false;
+    cudaStream_t comm_stream = nullptr;
+    int world = 1;                // GPUs of the run (simulated ones included)
+    std::shared_ptr<Fsdp> fsdp;   // shards and slots (fsdp.cu)
     // activations
     std::vector<LayerActivations> layers;
     bf16* x_final = nullptr;      // [T, D] output of the last layer
@@ -253,6 +276,11 @@ struct Model {
     // backward: the residual gradient and the attention block's gradients span all tokens;
     // the rest is chunk work
     bf16 *dres = nullptr, *dqkv = nullptr, *datt = nullptr;
+    // Ulysses (sp > 1): the projection output before its all-to-all, attention's head-sharded
+    // output and gradients, and the all-to-all staging (ulysses.cu)
+    bf16 *qkv_local = nullptr, *att_heads = nullptr, *datt_heads = nullptr, *dqkv_heads = nullptr;
+    bf16 *a2a_send = nullptr, *a2a_recv = nullptr;
+    float *delta_local = nullptr, *delta_send = nullptr, *delta_recv = nullptr;
     bf16 *dxn = nullptr, *dh13 = nullptr, *dact = nullptr;
     float *delta = nullptr, *norm_partial = nullptr, *reduce_scratch = nullptr;
     float *scalars = nullptr;  // [0] loss sum, [1] grad sum of squares, [2] clip scale
@@ -268,8 +296,15 @@ struct Model {
     Offload* offload = nullptr;   // pinned host copies and their stream (--offload)
 
     const ParamTensor& param(ParamKind k, int layer = -1) const { return layout.find(k, layer); }
-    bf16* w(ParamKind k, int layer = -1) const { return weights + param(k, layer).offset; }
-    float* g(ParamKind k, int layer = -1) const { return grad + param(k, layer).offset; }
+    bf16* w(ParamKind k, int layer = -1) const {
+        const ParamTensor& t = param(k, layer);
+        return unit_w[t.unit] + (t.offset - layout.unit_begin[t.unit]);
+    }
+    float* g(ParamKind k, int layer = -1) const {
+        const ParamTensor& t = param(k, layer);
+        return unit_g[t.unit] + (t.offset - layout.unit_begin[t.unit]);
+    }
+
     // What a layer keeps through the step; the rest is recomputed in its backward.
     bool keeps_attention() const { return !opt.ckpt; }                    // qkv, x_mid
     bool keeps_att_output() const { return !opt.ckpt || opt.selective; }  // att, lse
@@ -285,8 +320,10 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
 void model_free(Model& m, DeviceMemory& dm);
 // Initialize weights (HF's scheme: N(0, 0.02), norm gains 1) from a seed; zero AdamW moments.
 void model_init_weights(Model& m, uint64_t seed, cudaStream_t s);
-// Upload this step's tokens and targets (host arrays of shape.tokens()).
-void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s);
+// Upload this step's tokens and targets (host arrays of shape.tokens(), this GPU's part).
+// n_valid: targets != -1 over the whole step on all GPUs (the loss is their mean); -1: count here.
+void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s,
+                     int64_t n_valid = -1);
 // Forward and backward of one step. Returns nothing; the loss sum lands in m.scalars[0].
 // progress (may be null) is called after each layer with (phase "fwd"/"bwd", layer index).
 typedef void (*ProgressFn)(void* ctx, const char* phase, int layer);
@@ -309,6 +346,78 @@ void head_forward_backward(Model& m, cudaStream_t s);
 // backward with the chunk's intermediates recomputed when they were not kept.
 void mlp_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
 void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// Communicator (comm.cu): all traffic between GPUs. Three implementations: NCCL (one process
+// per GPU), a fake one for --sim-world N (rank 0's exact share of an N-GPU run: the same
+// buffers and kernels, with collectives replaced by local copies), and the single-GPU identity.
+enum class DType { BF16, F32 };
+class Comm {
+  public:
+    int rank = 0, world = 1;
+    bool simulated = false;  // --sim-world: numbers are rank 0's share, the loss is meaningless
+    virtual ~Comm() = default;
+    // out[world * n] = the in[n] of every rank, in rank order
+    virtual void all_gather(void* out, const void* in, int64_t n, DType t, cudaStream_t s) = 0;
+    // out[n] = sum over ranks of their in[rank * n .. (rank + 1) * n)
+    virtual void reduce_scatter(void* out, const void* in, int64_t n, DType t, cudaStream_t s) = 0;
+    virtual void all_reduce(void* buf, int64_t n, DType t, cudaStream_t s) = 0;  // sum, in place
+    // out block i (n elements) = block `rank` of rank i's in
+    virtual void all_to_all(void* out, const void* in, int64_t n, DType t, cudaStream_t s) = 0;
+    // Another communicator over the same ranks, for collectives issued on another stream.
+    virtual Comm* split() = 0;
+    // Throws Fatal (exit code 1) if the communicator failed asynchronously.
+    virtual void check() {}
+    virtual void abort() {}
+};
+Comm* comm_single();
+Comm* comm_fake(int world);
+// NCCL over `world` processes. Rank 0 serves the unique id over TCP: on listen_fd if >= 0 (a
+// socket inherited from ./train --nproc), else on master_port; the others connect to
+// master_addr:master_port. Waits at most timeout_s for its peers.
+Comm* comm_nccl(int rank, int world, int listen_fd, const std::string& master_addr, int master_port,
+                double timeout_s);
+// Wait for a stream while watching the communicator: a failed or hung peer ends in Fatal after
+// timeout_s, never in a hang.
+void comm_sync(Comm* comm, cudaStream_t s, double timeout_s);
+
+// ---------------------------------------------------------------------------------------------
+// Parameters across GPUs (fsdp.cu): replicated (gradients all-reduced) or sharded (--fsdp).
+// A unit is the embedding (0), a layer (1 + l) or the head (L + 1).
+int64_t fsdp_local_params(const LlamaConfig& c, bool sharded, int world);  // elements per GPU
+void fsdp_declare_buffers(Model& m, Arena& A);  // comm-category slots under --fsdp
+void fsdp_create(Model& m);
+void fsdp_destroy(Model& m);
+void fsdp_step_begin(Model& m, cudaStream_t s);
+// Weights of unit u usable on the compute stream after acquire, until release.
+void fsdp_acquire(Model& m, int u, cudaStream_t s);
+void fsdp_release(Model& m, int u, cudaStream_t s);
+// Gradients of unit u accumulate between grad_begin and grad_end; `last` marks the unit's last
+// contribution of the step (the tied embedding gets two: the LM head and the lookup).
+void fsdp_grad_begin(Model& m, int u, cudaStream_t s);
+void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s);
+void fsdp_step_end(Model& m, cudaStream_t s);  // all gradient traffic done before the optimizer
+// This GPU's parameters as pieces of tensors: local offset, count, the tensor, offset inside it.
+struct ParamSegment {
+    int64_t local, count;
+    const ParamTensor* tensor;
+    int64_t tensor_offset;
+};
+std::vector<ParamSegment> fsdp_segments(const Model& m);
+// Every gradient, whole (gathered under --fsdp), on the host: for tests and --dump.
+std::vector<float> fsdp_full_gradients(Model& m, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// Ulysses (ulysses.cu): attention over the whole sequence with a 1/sp share of the heads.
+struct UlyssesHeads {
+    int q, kv;  // query and KV heads per GPU (kv = 1 with KV heads replicated when sp > Hkv)
+    int64_t width(int head_dim) const { return (int64_t)(q + 2 * kv) * head_dim; }
+};
+UlyssesHeads ulysses_heads(const LlamaConfig& c, int sp);
+// Rejects shapes Ulysses cannot split, with a message naming what does not divide.
+void ulysses_check(const LlamaConfig& c, const RunShape& shape);
+void ulysses_attention_forward(Model& m, int l, cudaStream_t s);
+void ulysses_attention_backward(Model& m, int l, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // Activation checkpointing and CPU offload (offload.cu).

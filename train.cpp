@@ -6,7 +6,13 @@
 //   ./train --help                                            every flag
 #include "train.h"
 
+#include <arpa/inet.h>
 #include <cuda_runtime.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,7 +48,16 @@ std::string usage_text() {
            "  --weight-decay X     decoupled, matrices only (default 0.1)\n"
            "  --grad-clip X        global gradient-norm clip, 0 = off (default 1.0)\n"
            "\n"
+           "GPUs\n"
+           "  --nproc N            start N processes, one per visible GPU (under mpirun/srun: leave out, ranks come from them)\n"
+           "  --sim-world N        run rank 0's exact share of an N-GPU run on this one GPU (memory and compute per GPU;\n"
+           "                       collectives become local copies, the loss is meaningless)\n"
+           "  --comm-timeout-s X   a step waiting longer than this on its peers ends the run (default 600)\n"
+           "\n"
            "Memory techniques (the ladder of DESIGN.md; each computes the same loss and gradients)\n"
+           "  --stage N            turn on stages 1..N of the ladder: 1 --fsdp, 2 --ulysses, 3 --ckpt, 4 --offload, 5 --chunked\n"
+           "  --fsdp               shard parameters, gradients and AdamW states over the GPUs (per layer, gathered when used)\n"
+           "  --ulysses            split one sequence over the GPUs; all-to-all to head-sharded attention and back\n"
            "  --ckpt[=selective]   activation checkpointing: keep only block inputs and recompute each layer in\n"
            "                       the backward; =selective also keeps attention outputs (no attention rerun)\n"
            "  --offload            kept tensors live in pinned host memory, prefetched for the backward (implies --ckpt)\n"
@@ -54,6 +69,7 @@ std::string usage_text() {
            "  --mem-cap-gib X      refuse what a card of X GiB could not hold (emulates an 80 GB H100 on an H200)\n"
            "  --plan               print the memory plan per category and exit (no GPU needed)\n"
            "  --log FILE           write one JSON object per step (plus one for the setup) to FILE\n"
+           "  --dump FILE          write the first step's loss and every gradient (whole, float32) to FILE\n"
            "  --timeline FILE      write the last step's event timeline (compute per layer, each copy) as JSON (with --offload)\n"
            "  --peak-tflops X      bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)\n"
            "  --help               this text\n"
@@ -139,6 +155,13 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--peak-tflops") o.peak_tflops = parse_double(arg, need(), 0.001, 1e6);
         else if (arg == "--log") o.log_path = need();
         else if (arg == "--timeline") o.timeline_path = need();
+        else if (arg == "--dump") o.dump_path = need();
+        else if (arg == "--nproc") o.nproc = (int)parse_int(arg, need(), 1, 4096);
+        else if (arg == "--sim-world") o.sim_world = (int)parse_int(arg, need(), 1, 1 << 20);
+        else if (arg == "--comm-timeout-s") o.comm_timeout_s = parse_double(arg, need(), 1.0, 1e7);
+        else if (arg == "--fsdp") flag_only(), o.step.fsdp = true;
+        else if (arg == "--ulysses") flag_only(), o.step.ulysses = true;
+        else if (arg == "--stage") o.stage = (int)parse_int(arg, need(), 0, 6);
         else if (arg == "--ckpt") {
             if (has_value && value != "selective" && value != "full")
                 usage_error("--ckpt takes no value, or =selective, or =full; got '" + value + "'");
@@ -155,6 +178,13 @@ Options parse_options(int argc, char** argv) {
     if (o.task == "copy" && o.seq_len < 4)
         usage_error("--task copy needs --seq-len of at least 4");
     if (o.seq_len > (int64_t)1 << 40) usage_error("--seq-len is beyond anything addressable");
+    if (o.stage >= 6) usage_error("--stage 6 needs --untied, which is not in this build yet");
+    if (o.stage >= 1) o.step.fsdp = true;
+    if (o.stage >= 2) o.step.ulysses = true;
+    if (o.stage >= 3) o.step.ckpt = true;
+    if (o.stage >= 4) o.step.offload = true;
+    if (o.stage >= 5) o.step.chunked = true;
+    if (o.nproc > 1 && o.sim_world > 1) usage_error("--nproc and --sim-world exclude each other");
     if (o.step.offload) o.step.ckpt = true;  // offload moves what checkpointing keeps
     if ((o.step.chunk_tokens || o.step.loss_chunk_tokens) && !o.step.chunked)
         usage_error("--chunk-tokens and --loss-chunk-tokens need --chunked");
@@ -226,7 +256,7 @@ static double host_rss_gib(const char* key) {  // VmRSS (now) or VmHWM (peak) of
 // The ladder of DESIGN.md, in order; `available` marks the stages this build implements.
 static std::string next_stage_hint(const Options& o) {
     struct Stage { const char* flag; bool on, available; };
-    const Stage ladder[] = {{"--fsdp", false, false},         {"--ulysses", false, false},
+    const Stage ladder[] = {{"--fsdp", o.step.fsdp, true},     {"--ulysses", o.step.ulysses, true},
                             {"--ckpt", o.step.ckpt, true},     {"--offload", o.step.offload, true},
                             {"--chunked", o.step.chunked, true}, {"--untied", false, false}};
     std::string missing;
@@ -244,8 +274,10 @@ MemoryPlan plan_memory(const LlamaConfig& cfg, const Options& o, int64_t seq_len
     Model m;
     m.cfg = cfg;
     m.opt = o.step;
+    m.world = std::max(o.nproc, std::max(o.sim_world, 1));
     m.shape.batch = o.batch;
     m.shape.seq = seq_len;
+    m.shape.sp = o.step.ulysses ? m.world : 1;
     model_declare_buffers(m, p.arena);
     p.host_bytes = offload_host_bytes(m);
     return p;
@@ -253,6 +285,8 @@ MemoryPlan plan_memory(const LlamaConfig& cfg, const Options& o, int64_t seq_len
 
 int64_t longest_context(const LlamaConfig& cfg, const Options& o, double cap_gib, double runtime_gib,
                         int64_t granularity) {
+    const int64_t sp = o.step.ulysses ? std::max(o.nproc, std::max(o.sim_world, 1)) : 1;
+    granularity = align_up(granularity, sp);  // Ulysses needs the sequence divisible by the GPUs
     auto fits = [&](int64_t seq) { return plan_memory(cfg, o, seq).total_gib(runtime_gib) <= cap_gib; };
     if (!fits(granularity)) return 0;
     int64_t lo = 1, hi = 2;  // in units of granularity: lo fits, hi is to be tested
@@ -345,27 +379,152 @@ static double gpu_peak_tflops(const Options& o, const cudaDeviceProp& prop) {
 
 // =============================================================================================
 // The run.
-static int run(Options o) {
+// ---------------------------------------------------------------------------------------------
+// How this process was started: alone, by ./train --nproc N (our launcher), or by mpirun/srun.
+struct Launch {
+    int rank = 0, world = 1, local_rank = 0;
+    int listen_fd = -1;  // rank 0 under ./train --nproc: the rendezvous socket, already listening
+    std::string master_addr = "127.0.0.1";
+    int master_port = 29500;
+};
+
+static int env_int(const char* name, int fallback) {
+    const char* v = getenv(name);
+    return v && *v ? atoi(v) : fallback;
+}
+
+static Launch launch_from_env() {
+    Launch l;
+    // Ours first, then Open MPI, MPICH/Hydra, Slurm.
+    const char* vars[][3] = {{"TRAIN_RANK", "TRAIN_WORLD", "TRAIN_LOCAL_RANK"},
+                             {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+                             {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
+                             {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}};
+    for (auto& v : vars)
+        if (getenv(v[0]) && getenv(v[1]) && env_int(v[1], 1) > 1) {
+            l.rank = env_int(v[0], 0);
+            l.world = env_int(v[1], 1);
+            l.local_rank = env_int(v[2], l.rank);
+            break;
+        }
+    l.listen_fd = env_int("TRAIN_LISTEN_FD", -1);
+    if (getenv("MASTER_ADDR")) l.master_addr = getenv("MASTER_ADDR");
+    l.master_port = env_int("MASTER_PORT", 29500);
+    return l;
+}
+
+// ./train --nproc N: start N copies of this program, one per GPU, and wait for them. Rank 0
+// inherits a socket already listening on a free port, so the NCCL id needs no shared file and
+// no fixed port. If any rank fails, the others are stopped at once: no rank waits forever for
+// a peer that is gone. The exit code is the first failing rank's.
+static int launch_local(int n, char** argv) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (sockaddr*)&a, sizeof a) != 0 || listen(fd, n) != 0 ||
+        getsockname(fd, (sockaddr*)&a, &len) != 0)
+        runtime_error("--nproc: cannot open the rendezvous socket: " + std::string(strerror(errno)));
+    std::vector<pid_t> pids;
+    for (int r = 0; r < n; r++) {
+        pid_t pid = fork();
+        if (pid < 0) runtime_error("--nproc: fork failed: " + std::string(strerror(errno)));
+        if (pid == 0) {
+            setenv("TRAIN_RANK", std::to_string(r).c_str(), 1);
+            setenv("TRAIN_WORLD", std::to_string(n).c_str(), 1);
+            setenv("TRAIN_LOCAL_RANK", std::to_string(r).c_str(), 1);
+            setenv("MASTER_ADDR", "127.0.0.1", 1);
+            setenv("MASTER_PORT", std::to_string(ntohs(a.sin_port)).c_str(), 1);
+            setenv("TRAIN_LISTEN_FD", std::to_string(r == 0 ? fd : -1).c_str(), 1);
+            if (r != 0) close(fd);
+            execv("/proc/self/exe", argv);
+            fprintf(stderr, "error: --nproc: cannot start rank %d: %s\n", r, strerror(errno));
+            _exit(EXIT_RUNTIME);
+        }
+        pids.push_back(pid);
+    }
+    close(fd);
+    int result = 0;
+    for (size_t alive = pids.size(); alive > 0; alive--) {
+        int st = 0;
+        pid_t p = waitpid(-1, &st, 0);
+        if (p < 0) break;
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (code != 0 && result == 0) {
+            result = code;
+            for (pid_t q : pids)
+                if (q != p) kill(q, SIGTERM);
+        }
+    }
+    return result;
+}
+
+// Small collectives on every communicator before memory is measured: NCCL allocates its
+// buffers lazily, and they belong in the runtime's share, not hidden.
+static void warm_up(Comm* comm, cudaStream_t s, double timeout_s) {
+    if (comm->simulated || comm->world == 1) return;
+    const int64_t n = 1024;
+    float* buf = nullptr;
+    CUDA_CHECK(cudaMalloc(&buf, 2 * n * comm->world * sizeof(float)));
+    CUDA_CHECK(cudaMemset(buf, 0, 2 * n * comm->world * sizeof(float)));
+    comm->all_reduce(buf, n, DType::F32, s);
+    comm->all_gather(buf + n * comm->world, buf, n, DType::F32, s);
+    comm->reduce_scatter(buf, buf + n * comm->world, n, DType::F32, s);
+    comm->all_to_all(buf + n * comm->world, buf, n, DType::F32, s);
+    comm->all_to_all(buf + n * comm->world, buf, n, DType::BF16, s);
+    comm_sync(comm, s, timeout_s);
+    CUDA_CHECK(cudaFree(buf));
+}
+
+static void write_dump(const std::string& path, double loss, const std::vector<float>& grads) {
+    FILE* f = fopen(path.c_str(), "wb");
+    if (!f) usage_error("cannot write --dump file '" + path + "'");
+    const char magic[8] = {'L', 'L', 'G', 'R', 'A', 'D', '0', '1'};
+    int64_t n = (int64_t)grads.size();
+    bool ok = fwrite(magic, 8, 1, f) == 1 && fwrite(&loss, 8, 1, f) == 1 && fwrite(&n, 8, 1, f) == 1 &&
+              fwrite(grads.data(), 4, grads.size(), f) == grads.size();
+    if (fclose(f) != 0 || !ok) runtime_error("writing --dump file '" + path + "' failed");
+}
+
+static int run(Options o, const Launch& launch) {
     LlamaConfig cfg = resolve_config(o);
     if (o.task_vocab < 0) o.task_vocab = std::min(1024, cfg.vocab);
+    const bool simulated = launch.world == 1 && o.sim_world > 1;
+    // --plan --nproc N plans for N GPUs without starting them.
+    const int world = simulated ? o.sim_world : (launch.world > 1 ? launch.world : std::max(1, o.nproc));
+    const int rank = launch.rank;
+    const bool lead = rank == 0;  // prints and writes files
     Model m;
     m.cfg = cfg;
     m.opt = o.step;
+    m.world = world;
     m.shape.batch = o.batch;
     m.shape.seq = o.seq_len;
+    m.shape.sp = o.step.ulysses ? world : 1;
+    m.shape.sp_rank = o.step.ulysses ? rank : 0;
+    ulysses_check(cfg, m.shape);
 
     Arena arena;  // dry run: the plan
     model_declare_buffers(m, arena);
     const int64_t host_bytes = offload_host_bytes(m);
+    const int dp = o.step.ulysses ? 1 : world;  // GPUs that train on different sequences
+    const int64_t step_tokens = (int64_t)o.batch * dp * o.seq_len;
 
-    printf("model %s: %d layers, dim %d, heads %d/%d x %d, ffn %d, vocab %d, %s embeddings, %.3f B parameters\n",
-           cfg.name.c_str(), cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
-           cfg.vocab, cfg.tied_embeddings ? "tied" : "untied", count_params(cfg) / 1e9);
-    printf("step: %d x %lld tokens = %lld tokens, %.3g FLOP; memory techniques:%s%s%s%s\n", o.batch,
-           (long long)o.seq_len, (long long)m.shape.tokens(), model_step_flops(cfg, m.shape),
-           o.step.ckpt ? (o.step.selective ? " ckpt(selective)" : " ckpt") : "", o.step.offload ? " offload" : "",
-           o.step.chunked ? (" chunked(" + std::to_string(m.chunk_rows) + ", loss " + std::to_string(m.loss_rows) + ")").c_str() : "",
-           (o.step.ckpt || o.step.chunked) ? "" : " none (stage 0)");
+    if (lead) {
+        printf("model %s: %d layers, dim %d, heads %d/%d x %d, ffn %d, vocab %d, %s embeddings, %.3f B parameters\n",
+               cfg.name.c_str(), cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
+               cfg.vocab, cfg.tied_embeddings ? "tied" : "untied", count_params(cfg) / 1e9);
+        printf("run: %d GPU%s%s; step: %lld tokens (%d x %lld per sequence), %lld on each GPU, %.3g FLOP per GPU\n",
+               world, world > 1 ? "s" : "", simulated ? " simulated (--sim-world: this is rank 0's share)" : "",
+               (long long)step_tokens, o.batch * dp, (long long)o.seq_len, (long long)m.shape.tokens(),
+               model_step_flops(cfg, m.shape));
+        printf("techniques:%s%s%s%s%s%s\n", o.step.fsdp ? " fsdp" : "", o.step.ulysses ? " ulysses" : "",
+               o.step.ckpt ? (o.step.selective ? " ckpt(selective)" : " ckpt") : "", o.step.offload ? " offload" : "",
+               o.step.chunked ? (" chunked(" + std::to_string(m.chunk_rows) + ", loss " + std::to_string(m.loss_rows) + ")").c_str() : "",
+               (o.step.fsdp || o.step.ulysses || o.step.ckpt || o.step.chunked) ? "" : " none (stage 0)");
+    }
     if (o.plan) {
         printf("%s", plan_text(arena, host_bytes, RUNTIME_OVERHEAD_ESTIMATE_GIB, false).c_str());
         if (o.mem_cap_gib > 0) {
@@ -379,7 +538,7 @@ static int run(Options o) {
         return EXIT_OK;
     }
 
-    // The GPU.
+    // The GPU, the communicator, and what the runtime holds before our first allocation.
     int n_dev = 0;
     cudaError_t err = cudaGetDeviceCount(&n_dev);
     if (err != cudaSuccess || n_dev == 0) {
@@ -390,6 +549,7 @@ static int run(Options o) {
         return EXIT_RUNTIME;
     }
     DeviceMemory dm;
+    dm.device = launch.local_rank % n_dev;
     CUDA_CHECK(cudaSetDevice(dm.device));
     CUDA_CHECK(cudaFree(0));  // create the context now, so its memory is counted as runtime
     cudaDeviceProp prop;
@@ -397,54 +557,71 @@ static int run(Options o) {
     gemm_init(0, nullptr);  // the cuBLASLt handle; workspace attached after allocation
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    if (launch.world > 1)
+        m.comm = comm_nccl(rank, world, launch.listen_fd, launch.master_addr, launch.master_port, o.comm_timeout_s);
+    else
+        m.comm = simulated ? comm_fake(world) : comm_single();
+    m.owns_comm = true;
+    m.comm_fsdp = m.comm->split();
+    warm_up(m.comm, stream, o.comm_timeout_s);
+    warm_up(m.comm_fsdp, stream, o.comm_timeout_s);
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     dm.total_bytes = (int64_t)total_b;
     dm.runtime_bytes = (int64_t)(total_b - free_b);
     dm.cap_bytes = o.mem_cap_gib > 0 ? std::min<int64_t>((int64_t)(o.mem_cap_gib * GiB), dm.total_bytes)
                                      : dm.total_bytes;
-    printf("GPU: %s, %.1f GiB%s; runtime uses %.2f GiB before our first allocation\n", prop.name,
-           dm.total_bytes / GiB,
-           o.mem_cap_gib > 0 ? (", capped at " + std::to_string(o.mem_cap_gib).substr(0, 6) + " GiB").c_str() : "",
-           dm.runtime_bytes / GiB);
-    printf("%s", plan_text(arena, host_bytes, dm.runtime_bytes / GiB, true).c_str());
+    if (lead) {
+        printf("GPU: %s, %.1f GiB%s; runtime (context, cuBLAS%s) uses %.2f GiB before our first allocation\n",
+               prop.name, dm.total_bytes / GiB,
+               o.mem_cap_gib > 0 ? (", capped at " + std::to_string(o.mem_cap_gib).substr(0, 6) + " GiB").c_str() : "",
+               launch.world > 1 ? ", NCCL" : "", dm.runtime_bytes / GiB);
+        printf("%s", plan_text(arena, host_bytes, dm.runtime_bytes / GiB, true).c_str());
+        if (simulated) printf("note: --sim-world %d runs rank 0's share on one GPU; its loss is meaningless\n", world);
+    }
 
     model_allocate(m, arena, dm, next_stage_hint(o));
     if (!o.timeline_path.empty()) offload_enable_timeline(m, true);
     model_init_weights(m, o.seed, stream);
 
     FILE* log = nullptr;
-    if (!o.log_path.empty()) {
+    if (lead && !o.log_path.empty()) {
         log = fopen(o.log_path.c_str(), "w");
         if (!log) usage_error("cannot write --log file '" + o.log_path + "'");
         std::string cmd;
         for (auto& a : o.argv) cmd += (cmd.empty() ? "" : " ") + a;
         fprintf(log,
                 "{\"type\": \"setup\", \"command\": \"%s\", \"gpu\": \"%s\", \"config\": \"%s\", \"layers\": %d, "
-                "\"seq_len\": %lld, \"batch\": %d, \"params\": %lld, \"plan_gib\": %s, \"runtime_gib\": %.4f, "
-                "\"cap_gib\": %.3f}\n",
-                json_escape(cmd).c_str(), prop.name, cfg.name.c_str(), cfg.n_layers, (long long)o.seq_len,
-                o.batch, (long long)count_params(cfg), json_memory(arena, host_bytes).c_str(), dm.runtime_bytes / GiB,
-                dm.cap_bytes / GiB);
+                "\"seq_len\": %lld, \"batch\": %d, \"world\": %d, \"simulated\": %s, \"local_tokens\": %lld, "
+                "\"params\": %lld, \"plan_gib\": %s, \"runtime_gib\": %.4f, \"cap_gib\": %.3f}\n",
+                json_escape(cmd).c_str(), prop.name, cfg.name.c_str(), cfg.n_layers, (long long)o.seq_len, o.batch,
+                world, simulated ? "true" : "false", (long long)m.shape.tokens(), (long long)count_params(cfg),
+                json_memory(arena, host_bytes).c_str(), dm.runtime_bytes / GiB, dm.cap_bytes / GiB);
         fflush(log);
     }
 
+    // Every GPU draws the whole step's data (the same seed) and keeps its part: its sequences,
+    // or under Ulysses its slice of the one sequence. Either way rank r's tokens start at r T.
     SyntheticData data(o.task, o.task_vocab, o.seed ^ 0x5eedda7aull);
-    std::vector<int32_t> tokens(m.shape.tokens()), targets(m.shape.tokens());
+    const int64_t T = m.shape.tokens();
+    std::vector<int32_t> all_tokens(step_tokens), all_targets(step_tokens);
     const double flops = model_step_flops(cfg, m.shape), peak = gpu_peak_tflops(o, prop);
     cudaEvent_t ev0, ev1;
     CUDA_CHECK(cudaEventCreate(&ev0));
     CUDA_CHECK(cudaEventCreate(&ev1));
     double last_step_s = flops / 150e12;  // guess for the first step: 150 TFLOP/s
-    printf("training %d steps on the '%s' task (tokens < %d)%s\n", o.steps, o.task.c_str(), o.task_vocab,
-           o.task == "copy" ? "; loss of guessing: " : "");
-    if (o.task == "copy") printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
+    if (lead) {
+        printf("training %d steps on the '%s' task (tokens < %d)\n", o.steps, o.task.c_str(), o.task_vocab);
+        if (o.task == "copy") printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
+    }
 
     for (int step = 0; step < o.steps; step++) {
-        data.next(tokens.data(), targets.data(), o.batch, o.seq_len);
-        model_set_batch(m, tokens.data(), targets.data(), stream);
+        data.next(all_tokens.data(), all_targets.data(), o.batch * dp, o.seq_len);
+        int64_t n_valid = 0;
+        for (int32_t t : all_targets) n_valid += t >= 0;
+        model_set_batch(m, all_tokens.data() + rank * T, all_targets.data() + rank * T, stream, n_valid);
         Progress prog{std::chrono::steady_clock::now(), last_step_s, cfg.n_layers, stream};
-        bool show_progress = last_step_s > 10.0;  // long steps show per-layer progress
+        bool show_progress = lead && last_step_s > 10.0;  // long steps show per-layer progress
         AdamW opt;
         opt.lr = (float)lr_at(o, step);
         opt.weight_decay = (float)o.weight_decay;
@@ -452,21 +629,32 @@ static int run(Options o) {
 
         CUDA_CHECK(cudaEventRecord(ev0, stream));
         model_forward_backward(m, stream, show_progress ? progress_callback : nullptr, &prog);
+        if (step == 0 && !o.dump_path.empty()) {  // the first step's loss and every gradient
+            float loss_sum = 0;
+            CUDA_CHECK(cudaMemcpyAsync(&loss_sum, m.scalars, 4, cudaMemcpyDeviceToHost, stream));
+            comm_sync(m.comm, stream, o.comm_timeout_s);
+            std::vector<float> grads = fsdp_full_gradients(m, stream);
+            if (lead) write_dump(o.dump_path, loss_sum / (double)n_valid, grads);
+            CUDA_CHECK(cudaEventRecord(ev0, stream));  // the dump is not part of the step's time
+        }
         model_optimizer_step(m, opt, (float)o.grad_clip, stream);
         CUDA_CHECK(cudaEventRecord(ev1, stream));
         float scalars[3];
         CUDA_CHECK(cudaMemcpyAsync(scalars, m.scalars, sizeof scalars, cudaMemcpyDeviceToHost, stream));
-        CUDA_CHECK(cudaStreamSynchronize(stream));
+        comm_sync(m.comm, stream, o.comm_timeout_s);
         float ms = 0;
         CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
         double step_s = ms / 1000.0;
         last_step_s = step_s;
-        double loss = m.n_valid_targets > 0 ? scalars[0] / m.n_valid_targets : 0.0;
+        double loss = n_valid > 0 ? scalars[0] / n_valid : 0.0;
         double tflops = flops / step_s / 1e12;
         double driver = dm.driver_used_bytes() / GiB, host = host_rss_gib("VmHWM:");  // includes pinned
-        if (!std::isfinite(loss)) runtime_error("loss is not finite at step " + std::to_string(step + 1));
-        printf("step %4d/%d  loss %8.4f  lr %.2e  grad norm %7.3f | %9.0f tok/s  %6.1f TFLOP/s", step + 1,
-               o.steps, loss, opt.lr, std::sqrt(scalars[1]), m.shape.tokens() / step_s, tflops);
+        if (!std::isfinite(loss) && !simulated) runtime_error("loss is not finite at step " + std::to_string(step + 1));
+        if (!lead) continue;
+        printf("step %4d/%d  loss %8.4f%s  lr %.2e  grad norm %7.3f | %9.0f tok/s", step + 1, o.steps, loss,
+               simulated ? " (simulated)" : "", opt.lr, std::sqrt(scalars[1]), step_tokens / step_s);
+        if (world > 1) printf(" (%.0f per GPU)", T / step_s);
+        printf("  %6.1f TFLOP/s%s", tflops, world > 1 ? " per GPU" : "");
         if (peak > 0) printf("  MFU %4.1f%%", 100.0 * tflops / peak);
         printf("  %7.3f s | GiB model %.2f attention %.2f other %.2f comm %.2f workspace %.2f, driver %.2f, host %.2f\n",
                step_s, arena.category_bytes(MEM_MODEL) / GiB, arena.category_bytes(MEM_ATTENTION) / GiB,
@@ -476,33 +664,44 @@ static int run(Options o) {
         if (log) {
             fprintf(log,
                     "{\"type\": \"step\", \"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, "
-                    "\"step_time_s\": %.6f, \"tokens_per_s\": %.2f, \"tflops\": %.3f, \"mfu\": %.5f, "
-                    "\"memory_gib\": %s, \"driver_gib\": %.4f, \"host_gib\": %.4f}\n",
-                    step + 1, loss, opt.lr, std::sqrt(scalars[1]), step_s, m.shape.tokens() / step_s, tflops,
+                    "\"step_time_s\": %.6f, \"tokens_per_s\": %.2f, \"tokens_per_s_per_gpu\": %.2f, \"tflops\": %.3f, "
+                    "\"mfu\": %.5f, \"memory_gib\": %s, \"driver_gib\": %.4f, \"host_gib\": %.4f}\n",
+                    step + 1, loss, opt.lr, std::sqrt(scalars[1]), step_s, step_tokens / step_s, T / step_s, tflops,
                     peak > 0 ? tflops / peak : 0.0, json_memory(arena, host_bytes).c_str(), driver, host);
             fflush(log);
         }
     }
     if (log) fclose(log);
-    if (!o.timeline_path.empty()) write_timeline(o.timeline_path, offload_timeline(m));
+    if (lead && !o.timeline_path.empty()) write_timeline(o.timeline_path, offload_timeline(m));
     gemm_destroy();
     model_free(m, dm);
     return EXIT_OK;
 }
 
 int train_main(int argc, char** argv) {
+    const Launch launch = launch_from_env();
+    // A usage error or an out-of-memory is the same on every rank: rank 0 alone reports it.
+    auto report = [&](int code, const char* what) {
+        if (launch.world > 1 && launch.rank != 0 && (code == EXIT_USAGE || code == EXIT_OOM)) return;
+        std::string prefix = launch.world > 1 ? "[rank " + std::to_string(launch.rank) + "] " : "";
+        fprintf(stderr, "%s%s%s\n", prefix.c_str(), code == EXIT_OOM ? "" : "error: ", what);
+    };
     try {
         Options o = parse_options(argc, argv);
         if (o.help) {
             printf("%s", usage_text().c_str());
             return EXIT_OK;
         }
-        return run(o);
+        if (o.nproc > 1 && launch.world > 1 && o.nproc != launch.world)
+            usage_error("--nproc " + std::to_string(o.nproc) + " but the launcher started " +
+                        std::to_string(launch.world) + " processes; under mpirun or srun leave --nproc out");
+        if (o.nproc > 1 && launch.world == 1 && !o.plan) return launch_local(o.nproc, argv);
+        return run(o, launch);
     } catch (const Fatal& f) {
-        fprintf(stderr, "%s%s\n", f.code == EXIT_OOM ? "" : "error: ", f.what());
+        report(f.code, f.what());
         return f.code;
     } catch (const std::exception& e) {
-        fprintf(stderr, "error: %s\n", e.what());
+        report(EXIT_RUNTIME, e.what());
         return EXIT_RUNTIME;
     }
 }

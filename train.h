@@ -26,6 +26,11 @@ struct Options {
     double peak_tflops = 0;     // MFU denominator; 0: from the GPU's name
     StepOptions step;           // --ckpt, --offload, --chunked, chunk sizes
     std::string timeline_path;  // --timeline: event timeline of the last step (needs --offload)
+    std::string dump_path;      // --dump: the first step's loss and every gradient
+    int nproc = 1;              // --nproc: processes (GPUs) to start
+    int sim_world = 0;          // --sim-world: emulate rank 0 of this many GPUs
+    double comm_timeout_s = 600;
+    int stage = -1;             // --stage N
     bool plan = false;
     bool help = false;
     std::string log_path;

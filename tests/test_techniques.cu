@@ -66,7 +66,7 @@ StepResult run_variant(const LlamaConfig& cfg, const StepOptions& opt, int B, in
 
 struct Variant {
     const char* name;
-    bool ckpt, selective, offload, chunked;
+    bool ckpt, selective, offload, chunked, fsdp;
 };
 
 class Techniques : public ::testing::TestWithParam<std::string> {};
@@ -77,22 +77,27 @@ TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
     cfg.n_layers = 4;  // enough layers for both offload slots to be reused
     const int B = 2;
     const int64_t S = 150;  // 300 tokens: chunks of 48 and 40 leave ragged tails
+    printf("  %d units, %lld parameters\n", cfg.n_layers + 2, (long long)count_params(cfg));
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
     StepResult plain = run_variant(cfg, StepOptions(), B, S, seed);
+    // fsdp on one GPU runs the whole shard / gather / reduce-scatter machinery with N = 1.
     const Variant variants[] = {
-        {"ckpt", true, false, false, false},
-        {"ckpt=selective", true, true, false, false},
-        {"ckpt offload", true, false, true, false},
-        {"ckpt=selective offload", true, true, true, false},
-        {"chunked", false, false, false, true},
-        {"chunked ckpt", true, false, false, true},
-        {"chunked ckpt=selective offload", true, true, true, true},
+        {"ckpt", true, false, false, false, false},
+        {"ckpt=selective", true, true, false, false, false},
+        {"ckpt offload", true, false, true, false, false},
+        {"ckpt=selective offload", true, true, true, false, false},
+        {"fsdp", false, false, false, false, true},
+        {"fsdp ckpt offload", true, false, true, false, true},
+        {"chunked", false, false, false, true, false},
+        {"chunked ckpt", true, false, false, true, false},
+        {"chunked ckpt=selective offload", true, true, true, true, false},
+        {"fsdp chunked ckpt offload", true, false, true, true, true},
     };
     for (const Variant& v : variants) {
         SCOPED_TRACE(v.name);
         StepOptions o;
-        o.ckpt = v.ckpt, o.selective = v.selective, o.offload = v.offload, o.chunked = v.chunked;
+        o.ckpt = v.ckpt, o.selective = v.selective, o.offload = v.offload, o.chunked = v.chunked, o.fsdp = v.fsdp;
         if (v.chunked) o.chunk_tokens = 48, o.loss_chunk_tokens = 40;
         StepResult r = run_variant(cfg, o, B, S, seed);
         double grad_err = rel_error(r.grads, plain.grads);

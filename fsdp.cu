@@ -1,0 +1,273 @@
+// fsdp.cu - parameters across GPUs: replicated (ladder stage 0) or fully sharded (--fsdp,
+// stage 1; the talk at 05:14).
+//
+// Replicated. Every GPU holds every parameter with its fp32 master copy, gradient and AdamW
+// moments (18 bytes per parameter: 4 + 4 + 4 + 4 + the bf16 compute copy). Each GPU trains on
+// its own sequences; once a unit's gradient is complete in the backward it is all-reduced
+// (summed) on a communication stream while the backward goes on, and every GPU applies the
+// same AdamW step.
+//
+// Fully sharded (FSDP, ZeRO-3). The parameters come in units: the embedding, each transformer
+// layer, the head (final norm and, untied, the LM head matrix). Each unit is one flat buffer,
+// padded to a multiple of N x 128 elements and cut into N equal shards; GPU r keeps only shard
+// r of every unit, with its master weights, gradient and moments. So model states per GPU are
+//
+//     18 bytes x parameters / N            (Llama 3.1 8B on 8 GPUs: 16.8 GiB, REFERENCE.md's
+//                                           15.0 GiB counts 16 bytes: no bf16 shard)
+//
+// plus communication buffers (category "comm"): two gathered units in bf16 (the one in use and
+// the next, prefetched) and two unit-sized fp32 gradient buffers (the one being accumulated and
+// the one being reduce-scattered), 12 bytes x the largest unit. Just before a unit is used its
+// bf16 shards are all-gathered into a slot; the next unit's gather is already running on the
+// communication stream; a slot is refilled only after the compute stream has released it. In
+// the backward each layer is gathered again, its gradient accumulates in fp32 into a unit
+// buffer, and as soon as the layer is done that buffer is reduce-scattered: every GPU receives
+// the sum of its shard over all GPUs and adds it to its gradient shard. AdamW then updates
+// each GPU's shard; gradient clipping sums the shards' squares over all GPUs.
+//
+// Cost: every step moves the parameters three times in bf16 (gather in forward, gather in
+// backward) plus the gradients once in fp32, all overlapped with compute.
+#include <algorithm>
+#include <memory>
+
+#include "llama.h"
+
+struct Fsdp {
+    bool sharded = false;
+    int world = 1, rank = 0;
+    std::vector<int64_t> padded, shard, shard_offset;  // per unit
+    int64_t max_padded = 0, max_shard = 0;
+    // Sharded only: the slots.
+    bf16* weight_slot[2] = {};
+    float* grad_slot[2] = {};
+    float* reduced = nullptr;  // one shard, fresh from a reduce-scatter
+    struct WeightSlot {
+        int unit = -1;
+        bool free = true, used = false;
+        cudaEvent_t gathered = nullptr, released = nullptr;
+    } ws[2];
+    struct GradSlot {
+        int unit = -1;
+        bool free = true, used = false;
+        cudaEvent_t reduced = nullptr;  // its reduce-scatter has read it
+    } gs[2];
+    std::vector<int> order;  // units in the order the step uses their weights
+    size_t next_gather = 0;
+    cudaEvent_t mark = nullptr;
+};
+
+static int64_t shard_align(int world) { return (int64_t)world * 128; }
+
+static void describe(Fsdp& f, const LlamaConfig& c, bool sharded, int world, int rank) {
+    ParamLayout lay = param_layout(c);
+    f.sharded = sharded, f.world = world, f.rank = rank;
+    int64_t off = 0;
+    for (int u = 0; u < lay.num_units(); u++) {
+        int64_t p = sharded ? align_up(lay.unit_size(u), shard_align(world)) : lay.unit_size(u);
+        int64_t sh = sharded ? p / world : p;
+        f.padded.push_back(p);
+        f.shard.push_back(sh);
+        f.shard_offset.push_back(sharded ? off : lay.unit_begin[u]);
+        off += sh;
+        f.max_padded = std::max(f.max_padded, p);
+        f.max_shard = std::max(f.max_shard, sh);
+    }
+}
+
+int64_t fsdp_local_params(const LlamaConfig& c, bool sharded, int world) {
+    if (!sharded) return param_layout(c).total;
+    Fsdp f;
+    describe(f, c, true, world, 0);
+    int64_t n = 0;
+    for (int64_t s : f.shard) n += s;
+    return n;
+}
+
+void fsdp_declare_buffers(Model& m, Arena& A) {
+    if (!m.fsdp) m.fsdp = std::make_shared<Fsdp>();
+    Fsdp& f = *m.fsdp;
+    f.padded.clear(), f.shard.clear(), f.shard_offset.clear();
+    f.max_padded = f.max_shard = 0;
+    describe(f, m.cfg, m.opt.fsdp, m.world, m.comm ? m.comm->rank : 0);
+    const int U = m.layout.num_units();
+    m.unit_w.assign(U, nullptr);
+    m.unit_g.assign(U, nullptr);
+    if (!f.sharded) {  // compute uses this GPU's full copy directly
+        for (int u = 0; u < U; u++) {
+            if (m.weights) m.unit_w[u] = m.weights + m.layout.unit_begin[u];
+            if (m.grad) m.unit_g[u] = m.grad + m.layout.unit_begin[u];
+        }
+        return;
+    }
+    for (int k = 0; k < 2; k++) {
+        f.weight_slot[k] = A.take<bf16>("FSDP gathered unit " + std::to_string(k), MEM_COMM, f.max_padded);
+        f.grad_slot[k] = A.take<float>("FSDP unit gradient " + std::to_string(k), MEM_COMM, f.max_padded);
+    }
+    f.reduced = A.take<float>("FSDP reduce-scatter shard", MEM_COMM, f.max_shard);
+}
+
+void fsdp_create(Model& m) {
+    Fsdp& f = *m.fsdp;
+    if (!f.sharded) return;
+    auto event = [](cudaEvent_t* e) { CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming)); };
+    for (int k = 0; k < 2; k++) {
+        event(&f.ws[k].gathered), event(&f.ws[k].released), event(&f.gs[k].reduced);
+        // Zero once: under --sim-world a gather fills only rank 0's shard of a slot.
+        CUDA_CHECK(cudaMemset(f.weight_slot[k], 0, f.max_padded * sizeof(bf16)));
+    }
+    event(&f.mark);
+}
+
+void fsdp_destroy(Model& m) {
+    if (!m.fsdp) return;
+    Fsdp& f = *m.fsdp;
+    for (int k = 0; k < 2; k++) {
+        if (f.ws[k].gathered) cudaEventDestroy(f.ws[k].gathered), cudaEventDestroy(f.ws[k].released);
+        if (f.gs[k].reduced) cudaEventDestroy(f.gs[k].reduced);
+    }
+    if (f.mark) cudaEventDestroy(f.mark);
+    m.fsdp.reset();
+}
+
+// The communication stream continues once the compute stream has reached this point.
+static void comm_after_compute(Model& m, cudaStream_t s) {
+    CUDA_CHECK(cudaEventRecord(m.fsdp->mark, s));
+    CUDA_CHECK(cudaStreamWaitEvent(m.comm_stream, m.fsdp->mark, 0));
+}
+
+void fsdp_step_begin(Model& m, cudaStream_t s) {
+    Fsdp& f = *m.fsdp;
+    CUDA_CHECK(cudaMemsetAsync(m.grad, 0, m.local_params * sizeof(float), s));
+    if (!f.sharded) return;
+    const int L = m.cfg.n_layers;
+    f.order.clear();
+    for (int u = 0; u <= L + 1; u++) f.order.push_back(u);   // embedding, layers, head
+    if (m.cfg.tied_embeddings) f.order.push_back(0);           // the head's matrix
+    for (int u = L; u >= 1; u--) f.order.push_back(u);        // the backward's layers
+    f.next_gather = 0;
+    for (auto& w : f.ws) w.free = true, w.unit = -1;
+    comm_after_compute(m, s);  // the optimizer has written the shards about to be gathered
+}
+
+// Start gathering the next units of the order into free slots.
+static void gather_ahead(Model& m) {
+    Fsdp& f = *m.fsdp;
+    for (int k = 0; k < 2 && f.next_gather < f.order.size(); k++) {
+        Fsdp::WeightSlot& w = f.ws[k];
+        if (!w.free) continue;
+        int u = f.order[f.next_gather++];
+        if (w.used) CUDA_CHECK(cudaStreamWaitEvent(m.comm_stream, w.released, 0));
+        m.comm_fsdp->all_gather(f.weight_slot[k], m.weights + f.shard_offset[u], f.shard[u], DType::BF16,
+                                m.comm_stream);
+        CUDA_CHECK(cudaEventRecord(w.gathered, m.comm_stream));
+        w.unit = u, w.free = false, w.used = true;
+    }
+}
+
+static int slot_of(Fsdp& f, int u) {
+    for (int k = 0; k < 2; k++)
+        if (!f.ws[k].free && f.ws[k].unit == u) return k;
+    throw std::logic_error("FSDP: unit " + std::to_string(u) + " used out of the planned order");
+}
+
+void fsdp_acquire(Model& m, int u, cudaStream_t s) {
+    Fsdp& f = *m.fsdp;
+    if (!f.sharded) return;
+    gather_ahead(m);
+    int k = slot_of(f, u);
+    CUDA_CHECK(cudaStreamWaitEvent(s, f.ws[k].gathered, 0));
+    m.unit_w[u] = f.weight_slot[k];
+}
+
+void fsdp_release(Model& m, int u, cudaStream_t s) {
+    Fsdp& f = *m.fsdp;
+    if (!f.sharded) return;
+    int k = slot_of(f, u);
+    CUDA_CHECK(cudaEventRecord(f.ws[k].released, s));
+    f.ws[k].free = true;
+    m.unit_w[u] = nullptr;
+    gather_ahead(m);
+}
+
+void fsdp_grad_begin(Model& m, int u, cudaStream_t s) {
+    Fsdp& f = *m.fsdp;
+    if (!f.sharded) return;
+    for (int k = 0; k < 2; k++) {
+        Fsdp::GradSlot& g = f.gs[k];
+        if (!g.free) continue;
+        if (g.used) CUDA_CHECK(cudaStreamWaitEvent(s, g.reduced, 0));  // its last reduce-scatter read it
+        CUDA_CHECK(cudaMemsetAsync(f.grad_slot[k], 0, f.padded[u] * sizeof(float), s));
+        g.unit = u, g.free = false, g.used = true;
+        m.unit_g[u] = f.grad_slot[k];
+        return;
+    }
+    throw std::logic_error("FSDP: more than two units accumulating gradients at once");
+}
+
+__global__ void add_kernel(float* dst, const float* src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] += src[i];
+}
+
+void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s) {
+    Fsdp& f = *m.fsdp;
+    if (!f.sharded) {  // replicated: sum the unit's gradient over the GPUs, once it is final
+        if (m.world > 1 && last) {
+            comm_after_compute(m, s);
+            m.comm_fsdp->all_reduce(m.grad + m.layout.unit_begin[u], m.layout.unit_size(u), DType::F32,
+                                    m.comm_stream);
+        }
+        return;
+    }
+    int k = -1;
+    for (int j = 0; j < 2; j++)
+        if (!f.gs[j].free && f.gs[j].unit == u) k = j;
+    if (k < 0) throw std::logic_error("FSDP: grad_end without grad_begin");
+    comm_after_compute(m, s);
+    m.comm_fsdp->reduce_scatter(f.reduced, f.grad_slot[k], f.shard[u], DType::F32, m.comm_stream);
+    add_kernel<<<(unsigned)std::min<int64_t>((f.shard[u] + 255) / 256, 1 << 16), 256, 0, m.comm_stream>>>(
+        m.grad + f.shard_offset[u], f.reduced, f.shard[u]);
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaEventRecord(f.gs[k].reduced, m.comm_stream));
+    f.gs[k].free = true;
+    m.unit_g[u] = nullptr;
+}
+
+void fsdp_step_end(Model& m, cudaStream_t s) {
+    if (m.world == 1 && !m.fsdp->sharded) return;
+    CUDA_CHECK(cudaEventRecord(m.fsdp->mark, m.comm_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(s, m.fsdp->mark, 0));
+}
+
+std::vector<ParamSegment> fsdp_segments(const Model& m) {
+    std::vector<ParamSegment> out;
+    const Fsdp& f = *m.fsdp;
+    for (const ParamTensor& t : m.layout.tensors) {
+        if (!f.sharded) {
+            out.push_back({t.offset, t.numel(), &t, 0});
+            continue;
+        }
+        // This GPU's shard of the tensor's unit, in layout coordinates.
+        int64_t lo = m.layout.unit_begin[t.unit] + f.rank * f.shard[t.unit], hi = lo + f.shard[t.unit];
+        int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel());
+        if (a < b) out.push_back({f.shard_offset[t.unit] + (a - lo), b - a, &t, a - t.offset});
+    }
+    return out;
+}
+
+std::vector<float> fsdp_full_gradients(Model& m, cudaStream_t s) {
+    std::vector<float> g(m.layout.total, 0.f);
+    Fsdp& f = *m.fsdp;
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    if (!f.sharded) {
+        CUDA_CHECK(cudaMemcpy(g.data(), m.grad, m.layout.total * sizeof(float), cudaMemcpyDeviceToHost));
+        return g;
+    }
+    for (int u = 0; u < m.layout.num_units(); u++) {
+        m.comm_fsdp->all_gather(f.grad_slot[0], m.grad + f.shard_offset[u], f.shard[u], DType::F32, s);
+        comm_sync(m.comm_fsdp, s, 600);
+        CUDA_CHECK(cudaMemcpy(g.data() + m.layout.unit_begin[u], f.grad_slot[0],
+                              m.layout.unit_size(u) * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    return g;
+}
