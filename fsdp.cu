@@ -108,14 +108,14 @@ void fsdp_declare_buffers(Model& m, Arena& A) {
 
 void fsdp_create(Model& m) {
     Fsdp& f = *m.fsdp;
-    if (!f.sharded) return;
     auto event = [](cudaEvent_t* e) { CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming)); };
+    event(&f.mark);  // orders the communication stream after compute (replicated too)
+    if (!f.sharded) return;
     for (int k = 0; k < 2; k++) {
         event(&f.ws[k].gathered), event(&f.ws[k].released), event(&f.gs[k].reduced);
         // Zero once: under --sim-world a gather fills only rank 0's shard of a slot.
         CUDA_CHECK(cudaMemset(f.weight_slot[k], 0, f.max_padded * sizeof(bf16)));
     }
-    event(&f.mark);
 }
 
 void fsdp_destroy(Model& m) {

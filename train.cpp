@@ -557,6 +557,8 @@ static int run(Options o, const Launch& launch) {
     gemm_init(0, nullptr);  // the cuBLASLt handle; workspace attached after allocation
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    size_t free_before_comm = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_before_comm, &total_b));
     if (launch.world > 1)
         m.comm = comm_nccl(rank, world, launch.listen_fd, launch.master_addr, launch.master_port, o.comm_timeout_s);
     else
@@ -565,17 +567,19 @@ static int run(Options o, const Launch& launch) {
     m.comm_fsdp = m.comm->split();
     warm_up(m.comm, stream, o.comm_timeout_s);
     warm_up(m.comm_fsdp, stream, o.comm_timeout_s);
-    size_t free_b = 0, total_b = 0;
+    size_t free_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const double nccl_gib = ((double)free_before_comm - (double)free_b) / GiB;  // NCCL's buffers
     dm.total_bytes = (int64_t)total_b;
     dm.runtime_bytes = (int64_t)(total_b - free_b);
     dm.cap_bytes = o.mem_cap_gib > 0 ? std::min<int64_t>((int64_t)(o.mem_cap_gib * GiB), dm.total_bytes)
                                      : dm.total_bytes;
     if (lead) {
-        printf("GPU: %s, %.1f GiB%s; runtime (context, cuBLAS%s) uses %.2f GiB before our first allocation\n",
+        printf("GPU: %s, %.1f GiB%s; runtime uses %.2f GiB before our first allocation (CUDA context and cuBLAS "
+               "%.2f, NCCL %.2f)\n",
                prop.name, dm.total_bytes / GiB,
                o.mem_cap_gib > 0 ? (", capped at " + std::to_string(o.mem_cap_gib).substr(0, 6) + " GiB").c_str() : "",
-               launch.world > 1 ? ", NCCL" : "", dm.runtime_bytes / GiB);
+               dm.runtime_bytes / GiB, dm.runtime_bytes / GiB - nccl_gib, nccl_gib);
         printf("%s", plan_text(arena, host_bytes, dm.runtime_bytes / GiB, true).c_str());
         if (simulated) printf("note: --sim-world %d runs rank 0's share on one GPU; its loss is meaningless\n", world);
     }
@@ -593,10 +597,10 @@ static int run(Options o, const Launch& launch) {
         fprintf(log,
                 "{\"type\": \"setup\", \"command\": \"%s\", \"gpu\": \"%s\", \"config\": \"%s\", \"layers\": %d, "
                 "\"seq_len\": %lld, \"batch\": %d, \"world\": %d, \"simulated\": %s, \"local_tokens\": %lld, "
-                "\"params\": %lld, \"plan_gib\": %s, \"runtime_gib\": %.4f, \"cap_gib\": %.3f}\n",
+                "\"params\": %lld, \"plan_gib\": %s, \"runtime_gib\": %.4f, \"nccl_gib\": %.4f, \"cap_gib\": %.3f}\n",
                 json_escape(cmd).c_str(), prop.name, cfg.name.c_str(), cfg.n_layers, (long long)o.seq_len, o.batch,
                 world, simulated ? "true" : "false", (long long)m.shape.tokens(), (long long)count_params(cfg),
-                json_memory(arena, host_bytes).c_str(), dm.runtime_bytes / GiB, dm.cap_bytes / GiB);
+                json_memory(arena, host_bytes).c_str(), dm.runtime_bytes / GiB, nccl_gib, dm.cap_bytes / GiB);
         fflush(log);
     }
 
