@@ -844,8 +844,8 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     CUDA_CHECK(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
     if (m.opt.offload) offload_create(m);  // pinned host memory, once for the whole run
     if (!m.comm) m.comm = comm_single(), m.owns_comm = true;
-    m.comm_fsdp = m.comm->split();
-    CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
+    if (!m.comm_fsdp) m.comm_fsdp = m.comm->split();
+    if (!m.comm_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
     fsdp_create(m);
 }
 
