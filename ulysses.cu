@@ -21,9 +21,11 @@
 // back. Anything else (heads or sequence not divisible) is rejected at start.
 //
 // Memory per GPU: every activation that scales with tokens is divided by N (S/N tokens), and
-// the attention block's buffers hold S tokens x H/N heads, the same bytes. The all-to-all
-// staging (category "comm") is one layer's worth: 2 x (S/N) x max(qkv width x kv replication,
-// Hq d) in bf16. Traffic per layer: forward qkv + out, backward d out + dqkv, each (N-1)/N of
+// the attention block's kept buffers hold S tokens x H/N heads, the same bytes. On top of that,
+// one layer's worth of working buffers (not multiplied by the depth): the token-sharded qkv
+// before its all-to-all, the head-sharded output and the head-sharded gradients (category
+// "attention"), and the all-to-all staging (category "comm"): 2 x (S/N) x max(N x head-sharded
+// qkv width, Hq d) in bf16, plus three (S/N) x Hq fp32 arrays for delta. Traffic per layer: forward qkv + out, backward d out + dqkv, each (N-1)/N of
 // the local tensor.
 #include <algorithm>
 
