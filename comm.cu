@@ -17,6 +17,9 @@
 // lazily at a collective's first use, which would hide them from the measurement taken before
 // our first allocation). On two H200s they are about 2.1 GiB for our two communicators.
 //
+// Two communicators run at once (FSDP's on its stream, Ulysses's on the compute stream): this
+// needs the GPU to run their kernels concurrently, so do not set CUDA_DEVICE_MAX_CONNECTIONS=1.
+//
 // Failure handling: an NCCL error, or a peer that stops answering, must end the run, not hang
 // it. Every wait on a stream that has collectives on it goes through comm_sync, which polls the
 // stream and ncclCommGetAsyncError and aborts the communicator (ncclCommAbort) after a timeout.
@@ -245,6 +248,30 @@ void comm_sync(Comm* comm, cudaStream_t s, double timeout_s) {
                           " s: a peer GPU stopped answering (see --comm-timeout-s)");
         }
         // Spin briefly, then sleep: short steps stay fast, long ones do not burn a core.
+        if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+}
+
+void model_sync(Model& m, cudaStream_t s) {
+    auto t0 = std::chrono::steady_clock::now();
+    int done = 0, spins = 0;
+    while (true) {
+        cudaError_t e = cudaStreamQuery(s);
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) CUDA_CHECK(e);
+        for (Comm* c : {m.comm, m.comm_fsdp})
+            if (c) c->check();
+        // Progress: events complete in order; a newly completed one restarts the clock.
+        while (done < m.progress_recorded && cudaEventQuery(m.progress[done]) == cudaSuccess) {
+            done++;
+            t0 = std::chrono::steady_clock::now();
+        }
+        if (seconds_since(t0) > m.comm_timeout_s) {
+            for (Comm* c : {m.comm, m.comm_fsdp})
+                if (c) c->abort();
+            runtime_error("no progress for " + std::to_string((int)m.comm_timeout_s) +
+                          " s: a peer GPU stopped answering (see --comm-timeout-s)");
+        }
         if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
 }

@@ -16,8 +16,8 @@
 //                                           15.0 GiB counts 16 bytes: no bf16 shard)
 //
 // plus communication buffers (category "comm"): two gathered units in bf16 (the one in use and
-// the next, prefetched) and two unit-sized fp32 gradient buffers (the one being accumulated and
-// the one being reduce-scattered), 12 bytes x the largest unit. Just before a unit is used its
+// the next, prefetched) and two unit-sized fp32 gradient buffers, used in turn (one accumulates
+// while the other is reduce-scattered), 12 bytes x the largest unit. Just before a unit is used its
 // bf16 shards are all-gathered into a slot; the next unit's gather is already running on the
 // communication stream; a slot is refilled only after the compute stream has released it. In
 // the backward each layer is gathered again, its gradient accumulates in fp32 into a unit
@@ -51,6 +51,7 @@ struct Fsdp {
         bool free = true, used = false;
         cudaEvent_t reduced = nullptr;  // its reduce-scatter has read it
     } gs[2];
+    int next_grad_slot = 0;  // slots alternate: one accumulates while the other is reduce-scattered
     std::vector<int> order;  // units in the order the step uses their weights
     size_t next_gather = 0;
     cudaEvent_t mark = nullptr;
@@ -192,9 +193,11 @@ void fsdp_release(Model& m, int u, cudaStream_t s) {
 void fsdp_grad_begin(Model& m, int u, cudaStream_t s) {
     Fsdp& f = *m.fsdp;
     if (!f.sharded) return;
-    for (int k = 0; k < 2; k++) {
+    for (int i = 0; i < 2; i++) {
+        const int k = (f.next_grad_slot + i) % 2;
         Fsdp::GradSlot& g = f.gs[k];
         if (!g.free) continue;
+        f.next_grad_slot = (k + 1) % 2;
         if (g.used) CUDA_CHECK(cudaStreamWaitEvent(s, g.reduced, 0));  // its last reduce-scatter read it
         CUDA_CHECK(cudaMemsetAsync(f.grad_slot[k], 0, f.padded[u] * sizeof(float), s));
         g.unit = u, g.free = false, g.used = true;
@@ -255,19 +258,26 @@ std::vector<ParamSegment> fsdp_segments(const Model& m) {
     return out;
 }
 
-std::vector<float> fsdp_full_gradients(Model& m, cudaStream_t s) {
-    std::vector<float> g(m.layout.total, 0.f);
+std::vector<float> fsdp_gather_unit(Model& m, const float* local, int u, cudaStream_t s) {
     Fsdp& f = *m.fsdp;
+    std::vector<float> out(m.layout.unit_size(u));
     CUDA_CHECK(cudaStreamSynchronize(s));
     if (!f.sharded) {
-        CUDA_CHECK(cudaMemcpy(g.data(), m.grad, m.layout.total * sizeof(float), cudaMemcpyDeviceToHost));
-        return g;
+        CUDA_CHECK(cudaMemcpy(out.data(), local + m.layout.unit_begin[u], out.size() * sizeof(float),
+                              cudaMemcpyDeviceToHost));
+        return out;
     }
+    m.comm_fsdp->all_gather(f.grad_slot[0], local + f.shard_offset[u], f.shard[u], DType::F32, s);
+    comm_sync(m.comm_fsdp, s, m.comm_timeout_s);
+    CUDA_CHECK(cudaMemcpy(out.data(), f.grad_slot[0], out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return out;
+}
+
+std::vector<float> fsdp_full_gradients(Model& m, cudaStream_t s) {
+    std::vector<float> g(m.layout.total, 0.f);
     for (int u = 0; u < m.layout.num_units(); u++) {
-        m.comm_fsdp->all_gather(f.grad_slot[0], m.grad + f.shard_offset[u], f.shard[u], DType::F32, s);
-        comm_sync(m.comm_fsdp, s, 600);
-        CUDA_CHECK(cudaMemcpy(g.data() + m.layout.unit_begin[u], f.grad_slot[0],
-                              m.layout.unit_size(u) * sizeof(float), cudaMemcpyDeviceToHost));
+        std::vector<float> unit = fsdp_gather_unit(m, m.grad, u, s);
+        std::copy(unit.begin(), unit.end(), g.begin() + m.layout.unit_begin[u]);
     }
     return g;
 }

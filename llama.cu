@@ -735,7 +735,7 @@ void model_declare_buffers(Model& m, Arena& A) {
     const int sp = m.shape.sp;
     const UlyssesHeads heads = ulysses_heads(c, sp);
     const int64_t S_rows = T * sp, WH = heads.width(c.head_dim), QDH = (int64_t)heads.q * c.head_dim;
-    const int64_t lse_n = (int64_t)m.shape.batch * heads.q * m.shape.seq;
+    const int64_t lse_n = m.lse_elems = (int64_t)m.shape.batch * heads.q * m.shape.seq;
     m.chunk_rows = chunk_rows_for(c, o, T);
     m.loss_rows = loss_chunk_rows_for(c, o, T);
     const int64_t W = m.chunk_rows;
@@ -795,17 +795,21 @@ void model_declare_buffers(Model& m, Arena& A) {
     // Backward. The residual gradient and the attention block's gradients span the sequence
     // (attention's backward needs all of it); the rest is per chunk.
     m.dres = A.take<bf16>("d residual", MEM_OTHER, T * D);
-    m.dqkv = A.take<bf16>("d qkv", MEM_ATTENTION, T * QKV);
+    m.dqkv = sp > 1 ? nullptr : A.take<bf16>("d qkv", MEM_ATTENTION, T * QKV);  // Ulysses: shares a2a_send
     m.datt = A.take<bf16>("d attention output", MEM_ATTENTION, T * QD);
     m.delta = A.take<float>("attention delta", MEM_ATTENTION, lse_n);
     if (sp > 1) {  // Ulysses (ulysses.cu): the token-sharded side and the all-to-all staging
-        m.qkv_local = A.take<bf16>("qkv before all-to-all", MEM_ATTENTION, T * QKV);
-        m.att_heads = A.take<bf16>("attention output, head-sharded", MEM_ATTENTION, S_rows * QDH);
-        m.datt_heads = A.take<bf16>("d attention output, head-sharded", MEM_ATTENTION, S_rows * QDH);
+        // Buffers whose lifetimes never overlap share memory: the projection output is packed
+        // before anything is received; the head-sharded output is sent on before the head-sharded
+        // output gradient arrives; d qkv is unpacked after the send buffer's last use.
+        const int64_t a2a = T * std::max<int64_t>(sp * WH, QD);  // >= T * QKV
+        m.a2a_send = A.take<bf16>("all-to-all send (and d qkv)", MEM_COMM, a2a);
+        m.a2a_recv = A.take<bf16>("all-to-all receive (and qkv before it)", MEM_COMM, a2a);
+        m.qkv_local = m.a2a_recv;
+        m.dqkv = m.a2a_send;
+        m.att_heads = A.take<bf16>("attention output / its gradient, head-sharded", MEM_ATTENTION, S_rows * QDH);
+        m.datt_heads = m.att_heads;
         m.dqkv_heads = A.take<bf16>("d qkv, head-sharded", MEM_ATTENTION, S_rows * WH);
-        const int64_t a2a = T * std::max<int64_t>(sp * WH, QD);
-        m.a2a_send = A.take<bf16>("all-to-all send", MEM_COMM, a2a);
-        m.a2a_recv = A.take<bf16>("all-to-all receive", MEM_COMM, a2a);
         m.delta_local = A.take<float>("delta, token-sharded", MEM_COMM, T * c.n_heads);
         m.delta_send = A.take<float>("delta all-to-all send", MEM_COMM, T * c.n_heads);
         m.delta_recv = A.take<float>("delta all-to-all receive", MEM_COMM, T * c.n_heads);
@@ -846,6 +850,9 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     if (!m.comm) m.comm = comm_single(), m.owns_comm = true;
     if (!m.comm_fsdp) m.comm_fsdp = m.comm->split();
     if (!m.comm_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
+    m.progress.resize(2 * m.cfg.n_layers + 4);
+    for (auto& e : m.progress) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_CHECK(cudaMallocHost(&m.host_scalars, 4 * sizeof(float)));
     fsdp_create(m);
 }
 
@@ -854,6 +861,10 @@ void model_free(Model& m, DeviceMemory& dm) {
     fsdp_destroy(m);
     if (m.comm_stream) cudaStreamDestroy(m.comm_stream);
     m.comm_stream = nullptr;
+    for (auto& e : m.progress) cudaEventDestroy(e);
+    m.progress.clear();
+    if (m.host_scalars) cudaFreeHost(m.host_scalars);
+    m.host_scalars = nullptr;
     delete m.comm_fsdp;
     m.comm_fsdp = nullptr;
     if (m.owns_comm) delete m.comm, m.comm = nullptr;
@@ -980,6 +991,7 @@ static void layer_backward(Model& m, int l, cudaStream_t s) {
     if (!m.keeps_attention()) {  // --ckpt: rebuild q, k, v from the block input ...
         FOR_EACH_CHUNK(m, t0, t1) attention_input_forward(m, l, t0, t1, s);
         if (!m.keeps_att_output()) attention_core_forward(m, l, s);  // ... and rerun attention
+        else if (m.shape.sp > 1) ulysses_qkv_to_heads(m, l, s);       // (selective: its inputs only)
     }
     FOR_EACH_CHUNK(m, t0, t1) mlp_backward(m, l, t0, t1, s);  // MLP, then Wo: fills m.datt
     attention_core_backward(m, l, s);                          // fills m.dqkv
@@ -997,6 +1009,11 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     const bool tied = c.tied_embeddings;
     fsdp_step_begin(m, s);  // zeroes the gradients
     if (m.offload) offload_step_begin(m, s);
+    m.progress_recorded = 0;
+    auto progressed = [&]() {  // for the watchdog of model_sync
+        if (m.progress_recorded < (int)m.progress.size())
+            CUDA_CHECK(cudaEventRecord(m.progress[m.progress_recorded++], s));
+    };
 
     // Forward. Under --offload each block input is copied to the host once it is complete.
     fsdp_acquire(m, 0, s);
@@ -1012,6 +1029,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
             offload_mark_layer(m, "forward", l, false, s);
             if (l + 1 < L) offload_save_block_input(m, l + 1, s);
         }
+        progressed();
         if (progress) progress(ctx, "fwd", l);
     }
 
@@ -1026,6 +1044,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     fsdp_release(m, head_unit(m), s);
     if (tied) fsdp_release(m, 0, s);
     sum_floats(m.scalars + 0, m.losses, T, m.reduce_scratch, s);
+    progressed();
 
     // Backward through the layers, then the embedding (its lookup needs no weights).
     for (int l = L - 1; l >= 0; l--) {
@@ -1036,6 +1055,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
         if (m.offload) offload_mark_layer(m, "backward", l, false, s);
         fsdp_grad_end(m, layer_unit(l), true, s);
         fsdp_release(m, layer_unit(l), s);
+        progressed();
         if (progress) progress(ctx, "bwd", l);
     }
     fsdp_grad_begin(m, 0, s);

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -250,6 +251,7 @@ struct Model {
     RunShape shape;
     StepOptions opt;
     int64_t chunk_rows = 0;       // rows of one chunk of a layer (T without --chunked)
+    int64_t lse_elems = 0;        // floats of one layer's lse: batch x (this GPU's) heads x seq
     int64_t loss_rows = 0;        // rows of one chunk of the LM head and loss
     // Model states (category "model"): this GPU's parameters, all of them (param_layout offsets)
     // or, under --fsdp, its shard of every unit (fsdp.cu). local_params elements each.
@@ -267,6 +269,13 @@ struct Model {
     bool owns_comm = false;
     cudaStream_t comm_stream = nullptr;
     int world = 1;                // GPUs of the run (simulated ones included)
+    double comm_timeout_s = 600;  // a wait that sees no progress for this long ends the run
+    // Watchdog: an event per layer and phase of the step; a wait resets its timeout whenever one
+    // more has completed, so a long step is not a hung one. Host-pinned scalars: copies of them
+    // are asynchronous, so every wait goes through the watchdog.
+    std::vector<cudaEvent_t> progress;
+    int progress_recorded = 0;
+    float* host_scalars = nullptr;
     std::shared_ptr<Fsdp> fsdp;   // shards and slots (fsdp.cu)
     // activations
     std::vector<LayerActivations> layers;
@@ -380,6 +389,9 @@ Comm* comm_nccl(int rank, int world, int listen_fd, const std::string& master_ad
 // Wait for a stream while watching the communicator: a failed or hung peer ends in Fatal after
 // timeout_s, never in a hang.
 void comm_sync(Comm* comm, cudaStream_t s, double timeout_s);
+struct Model;
+// The step's wait: both communicators watched, the timeout counted from the last progress event.
+void model_sync(Model& m, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // Parameters across GPUs (fsdp.cu): replicated (gradients all-reduced) or sharded (--fsdp).
@@ -404,7 +416,10 @@ struct ParamSegment {
     int64_t tensor_offset;
 };
 std::vector<ParamSegment> fsdp_segments(const Model& m);
-// Every gradient, whole (gathered under --fsdp), on the host: for tests and --dump.
+// Unit u of a parameter-sized array (master weights, gradients), whole, on the host: gathered
+// from the shards under --fsdp (a collective: every rank calls it).
+std::vector<float> fsdp_gather_unit(Model& m, const float* local, int u, cudaStream_t s);
+// Every gradient, whole, on the host: for tests and --dump.
 std::vector<float> fsdp_full_gradients(Model& m, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
@@ -416,6 +431,7 @@ struct UlyssesHeads {
 UlyssesHeads ulysses_heads(const LlamaConfig& c, int sp);
 // Rejects shapes Ulysses cannot split, with a message naming what does not divide.
 void ulysses_check(const LlamaConfig& c, const RunShape& shape);
+void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s);  // first part of the forward
 void ulysses_attention_forward(Model& m, int l, cudaStream_t s);
 void ulysses_attention_backward(Model& m, int l, cudaStream_t s);
 
@@ -443,3 +459,33 @@ void offload_enable_timeline(Model& m, bool on);
 void offload_mark_layer(Model& m, const char* what, int layer, bool begin, cudaStream_t s);
 std::vector<TimelineEntry> offload_timeline(Model& m);
 
+// ---------------------------------------------------------------------------------------------
+// Files (checkpoint.cu): Hugging Face checkpoints, token files, the training state.
+std::string hf_config_json(const LlamaConfig& c);
+// Usage error (exit 2) listing every field of a config.json that contradicts c.
+void check_hf_config(const LlamaConfig& c, const std::string& config_json, const std::string& path);
+// This GPU's parameters from a HF checkpoint (a .safetensors file, or a directory with
+// model.safetensors or model.safetensors.index.json): every tensor's name and shape checked.
+std::vector<float> read_hf_weights(const Model& m, const std::string& path);
+void check_hf_checkpoint(const Model& m, const std::string& path);  // the same checks, no data read
+void load_hf_checkpoint(Model& m, const std::string& path, cudaStream_t s);  // + bf16, zero moments
+void write_hf_checkpoint(const std::string& dir, const LlamaConfig& c, const ParamLayout& lay, bool bf16, bool lead,
+                         const std::function<std::vector<float>(int)>& unit_data);
+void save_hf_checkpoint(Model& m, const std::string& dir, bool bf16, cudaStream_t s);
+
+struct Mapped;
+struct TokenFile {  // "LLTOKENS", uint32 version 1, uint32 4, uint64 count, count x uint32
+    const uint32_t* tokens = nullptr;
+    uint64_t count = 0;
+    Mapped* map = nullptr;
+    TokenFile(const std::string& path, int vocab);  // every token checked against the vocabulary
+    ~TokenFile();
+    TokenFile(const TokenFile&) = delete;
+    TokenFile& operator=(const TokenFile&) = delete;
+};
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens);
+
+// The whole training state of every GPU (collective). load returns false if dir has none.
+void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t data_state, cudaStream_t s,
+                      double timeout_s);
+bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t* data_state, cudaStream_t s);

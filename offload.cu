@@ -63,13 +63,13 @@ struct Offload {
 };
 
 static int64_t tokens(const Model& m) { return m.shape.tokens(); }
-static int64_t lse_count(const Model& m) { return (int64_t)m.shape.batch * m.cfg.n_heads * m.shape.seq; }
+static int64_t lse_count(const Model& m) { return m.lse_elems; }  // this GPU's heads (Ulysses: 1/N)
 
 int64_t offload_host_bytes(const Model& m) {
     if (!m.opt.offload) return 0;
     const int64_t kept_layers = std::max(0, m.cfg.n_layers - 1), T = tokens(m);
     int64_t per_layer = T * m.cfg.dim * 2;
-    if (m.opt.selective) per_layer += T * m.cfg.q_dim() * 2 + lse_count(m) * 4;
+    if (m.opt.selective) per_layer += T * m.cfg.q_dim() * 2 + lse_count(m) * 4;  // lse_elems: declared first
     return kept_layers * per_layer;
 }
 

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "llama.h"
@@ -64,6 +66,15 @@ std::string usage_text() {
            "  --chunked            MLP, element-wise ops and the LM head + loss in token chunks\n"
            "  --chunk-tokens N     tokens per chunk of a layer (default: the hidden size)\n"
            "  --loss-chunk-tokens N  tokens per chunk of the LM head and loss (default: logits near 1 GiB)\n"
+           "\n"
+           "Files\n"
+           "  --init-from PATH     start from a Hugging Face checkpoint (model.safetensors, a directory, or a sharded index)\n"
+           "  --save-to DIR        at the end, write a Hugging Face checkpoint (model.safetensors + config.json) to DIR\n"
+           "  --save-dtype bf16|fp32  dtype of --save-to (default bf16)\n"
+           "  --data FILE          train on a token file (random windows; format in the README) instead of --task\n"
+           "  --checkpoint-dir DIR the whole training state goes here, atomically, every --checkpoint-every steps\n"
+           "  --checkpoint-every N save the training state every N steps (and at the last step)\n"
+           "  --resume             continue from the latest training state in --checkpoint-dir (fresh start if none)\n"
            "\n"
            "Memory and output\n"
            "  --mem-cap-gib X      refuse what a card of X GiB could not hold (emulates an 80 GB H100 on an H200)\n"
@@ -156,6 +167,13 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--log") o.log_path = need();
         else if (arg == "--timeline") o.timeline_path = need();
         else if (arg == "--dump") o.dump_path = need();
+        else if (arg == "--init-from") o.init_from = need();
+        else if (arg == "--save-to") o.save_to = need();
+        else if (arg == "--save-dtype") o.save_dtype = need();
+        else if (arg == "--data") o.data_path = need();
+        else if (arg == "--checkpoint-dir") o.checkpoint_dir = need();
+        else if (arg == "--checkpoint-every") o.checkpoint_every = (int)parse_int(arg, need(), 1, 1 << 30);
+        else if (arg == "--resume") flag_only(), o.resume = true;
         else if (arg == "--nproc") o.nproc = (int)parse_int(arg, need(), 1, 4096);
         else if (arg == "--sim-world") o.sim_world = (int)parse_int(arg, need(), 1, 1 << 20);
         else if (arg == "--comm-timeout-s") o.comm_timeout_s = parse_double(arg, need(), 1.0, 1e7);
@@ -186,6 +204,9 @@ Options parse_options(int argc, char** argv) {
     if (o.stage >= 5) o.step.chunked = true;
     if (o.nproc > 1 && o.sim_world > 1) usage_error("--nproc and --sim-world exclude each other");
     if (o.step.offload) o.step.ckpt = true;  // offload moves what checkpointing keeps
+    if (o.save_dtype != "bf16" && o.save_dtype != "fp32") usage_error("--save-dtype must be bf16 or fp32");
+    if ((o.resume || o.checkpoint_every) && o.checkpoint_dir.empty())
+        usage_error("--resume and --checkpoint-every need --checkpoint-dir");
     if ((o.step.chunk_tokens || o.step.loss_chunk_tokens) && !o.step.chunked)
         usage_error("--chunk-tokens and --loss-chunk-tokens need --chunked");
     if (!o.timeline_path.empty() && !o.step.offload) usage_error("--timeline needs --offload");
@@ -210,14 +231,24 @@ LlamaConfig resolve_config(const Options& o) {
 
 // =============================================================================================
 // Synthetic data and the learning-rate schedule.
-uint32_t SyntheticData::next_u32() {  // splitmix64: small, fast, reproducible everywhere
+uint64_t SyntheticData::next_u64() {  // splitmix64: small, fast, reproducible everywhere
     uint64_t z = (state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (uint32_t)((z ^ (z >> 31)) >> 32);
+    return z ^ (z >> 31);
 }
 
 void SyntheticData::next(int32_t* tokens, int32_t* targets, int batch, int64_t seq) {
+    if (file) {  // windows of a token file
+        for (int b = 0; b < batch; b++) {
+            uint64_t offset = next_u64() % (file->count - (uint64_t)seq);
+            for (int64_t i = 0; i < seq; i++) {
+                tokens[b * seq + i] = (int32_t)file->tokens[offset + i];
+                targets[b * seq + i] = (int32_t)file->tokens[offset + i + 1];
+            }
+        }
+        return;
+    }
     // Each sequence is seq + 1 tokens z; inputs z[0..seq-1], targets z[1..seq].
     std::vector<int32_t> z(seq + 1);
     for (int b = 0; b < batch; b++) {
@@ -355,11 +386,12 @@ struct Progress {  // per-layer progress with ETA, for long steps
     double expected_s;
     int layers;
     cudaStream_t stream;
+    Model* model;
 };
 
 static void progress_callback(void* ctx, const char* phase, int layer) {
     Progress* p = (Progress*)ctx;
-    CUDA_CHECK(cudaStreamSynchronize(p->stream));
+    model_sync(*p->model, p->stream);
     double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - p->start).count();
     bool fwd = phase[0] == 'f';
     // Backward work per layer is about twice the forward's.
@@ -379,6 +411,10 @@ static double gpu_peak_tflops(const Options& o, const cudaDeviceProp& prop) {
 
 // =============================================================================================
 // The run.
+// Errors raised while flags and input files are checked are the same on every rank: rank 0
+// alone reports them. Past that point a rank reports its own errors.
+static bool g_symmetric_phase = true;
+
 // ---------------------------------------------------------------------------------------------
 // How this process was started: alone, by ./train --nproc N (our launcher), or by mpirun/srun.
 struct Launch {
@@ -432,6 +468,7 @@ static int launch_local(int n, char** argv) {
         pid_t pid = fork();
         if (pid < 0) runtime_error("--nproc: fork failed: " + std::string(strerror(errno)));
         if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);  // the ranks end with their launcher
             setenv("TRAIN_RANK", std::to_string(r).c_str(), 1);
             setenv("TRAIN_WORLD", std::to_string(n).c_str(), 1);
             setenv("TRAIN_LOCAL_RANK", std::to_string(r).c_str(), 1);
@@ -447,15 +484,21 @@ static int launch_local(int n, char** argv) {
     }
     close(fd);
     int result = 0;
-    for (size_t alive = pids.size(); alive > 0; alive--) {
+    std::vector<bool> alive(pids.size(), true);
+    for (size_t left = pids.size(); left > 0;) {
         int st = 0;
         pid_t p = waitpid(-1, &st, 0);
-        if (p < 0) break;
+        if (p < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        for (size_t i = 0; i < pids.size(); i++)
+            if (pids[i] == p && alive[i]) alive[i] = false, left--;
         int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         if (code != 0 && result == 0) {
             result = code;
-            for (pid_t q : pids)
-                if (q != p) kill(q, SIGTERM);
+            for (size_t i = 0; i < pids.size(); i++)
+                if (alive[i]) kill(pids[i], SIGTERM);
         }
     }
     return result;
@@ -542,7 +585,19 @@ static int run(Options o, const Launch& launch) {
         return EXIT_OK;
     }
 
+    // Input files are checked before any GPU work: a bad one is a usage error (exit code 2).
+    if (!o.init_from.empty()) check_hf_checkpoint(m, o.init_from);
+    std::unique_ptr<TokenFile> token_file;
+    if (!o.data_path.empty()) {
+        token_file.reset(new TokenFile(o.data_path, cfg.vocab));
+        if (token_file->count < (uint64_t)o.seq_len + 1)
+            usage_error("--data '" + o.data_path + "' holds " + std::to_string(token_file->count) +
+                        " tokens; a sequence of --seq-len " + std::to_string(o.seq_len) + " needs " +
+                        std::to_string(o.seq_len + 1));
+    }
+
     // The GPU, the communicator, and what the runtime holds before our first allocation.
+    g_symmetric_phase = false;
     int n_dev = 0;
     cudaError_t err = cudaGetDeviceCount(&n_dev);
     if (err != cudaSuccess || n_dev == 0) {
@@ -589,9 +644,37 @@ static int run(Options o, const Launch& launch) {
         if (simulated) printf("note: --sim-world %d runs rank 0's share on one GPU; its loss is meaningless\n", world);
     }
 
-    model_allocate(m, arena, dm, next_stage_hint(o));
+    // Allocate, and agree: an out-of-memory on one rank (a fuller GPU, pinned host memory that
+    // ran out) ends the run on every rank, reported by the ranks it happened on (once if all).
+    m.comm_timeout_s = o.comm_timeout_s;
+    std::string alloc_error;
+    int alloc_code = 0;
+    try {
+        model_allocate(m, arena, dm, next_stage_hint(o));
+    } catch (const Fatal& f) {
+        alloc_error = f.what(), alloc_code = f.code;
+    }
+    if (launch.world > 1) {
+        float* flag = nullptr;
+        CUDA_CHECK(cudaMalloc(&flag, sizeof(float)));
+        float mine = alloc_code ? 1.f : 0.f, failed = 0;
+        CUDA_CHECK(cudaMemcpy(flag, &mine, sizeof(float), cudaMemcpyHostToDevice));
+        m.comm->all_reduce(flag, 1, DType::F32, stream);
+        comm_sync(m.comm, stream, o.comm_timeout_s);
+        CUDA_CHECK(cudaMemcpy(&failed, flag, sizeof(float), cudaMemcpyDeviceToHost));
+        cudaFree(flag);
+        if (failed > 0) {
+            if (alloc_code && (failed < world || rank == 0))
+                fprintf(stderr, "%s%s\n", failed < world ? ("[rank " + std::to_string(rank) + "] ").c_str() : "",
+                        alloc_error.c_str());
+            return alloc_code ? alloc_code : EXIT_OOM;
+        }
+    } else if (alloc_code) {
+        throw Fatal(alloc_code, alloc_error);
+    }
     if (!o.timeline_path.empty()) offload_enable_timeline(m, true);
-    model_init_weights(m, o.seed, stream);
+    if (!o.init_from.empty()) load_hf_checkpoint(m, o.init_from, stream);
+    else model_init_weights(m, o.seed, stream);
 
     FILE* log = nullptr;
     if (lead && !o.log_path.empty()) {
@@ -612,6 +695,18 @@ static int run(Options o, const Launch& launch) {
     // Every GPU draws the whole step's data (the same seed) and keeps its part: its sequences,
     // or under Ulysses its slice of the one sequence. Either way rank r's tokens start at r T.
     SyntheticData data(o.task, o.task_vocab, o.seed ^ 0x5eedda7aull);
+    data.file = token_file.get();
+    int first_step = 0;
+    if (o.resume) {
+        int64_t st = 0;
+        uint64_t ds = 0;
+        if (load_train_state(m, o.checkpoint_dir, &st, &ds, stream)) {
+            first_step = (int)st, data.state = ds;
+            if (lead) printf("resumed from %s at step %d\n", o.checkpoint_dir.c_str(), first_step);
+        } else if (lead) {
+            printf("no training state in %s yet: starting at step 0\n", o.checkpoint_dir.c_str());
+        }
+    }
     const int64_t T = m.shape.tokens();
     std::vector<int32_t> all_tokens(step_tokens), all_targets(step_tokens);
     const double flops = model_step_flops(cfg, m.shape), peak = gpu_peak_tflops(o, prop);
@@ -620,16 +715,19 @@ static int run(Options o, const Launch& launch) {
     CUDA_CHECK(cudaEventCreate(&ev1));
     double last_step_s = flops / 150e12;  // guess for the first step: 150 TFLOP/s
     if (lead) {
-        printf("training %d steps on the '%s' task (tokens < %d)\n", o.steps, o.task.c_str(), o.task_vocab);
-        if (o.task == "copy") printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
+        if (data.file) printf("training %d steps on %s (%llu tokens)\n", o.steps, o.data_path.c_str(),
+                              (unsigned long long)data.file->count);
+        else printf("training %d steps on the '%s' task (tokens < %d)\n", o.steps, o.task.c_str(), o.task_vocab);
+        if (!data.file && o.task == "copy")
+            printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
     }
 
-    for (int step = 0; step < o.steps; step++) {
+    for (int step = first_step; step < o.steps; step++) {
         data.next(all_tokens.data(), all_targets.data(), o.batch * dp, o.seq_len);
         int64_t n_valid = 0;
         for (int32_t t : all_targets) n_valid += t >= 0;
         model_set_batch(m, all_tokens.data() + rank * T, all_targets.data() + rank * T, stream, n_valid);
-        Progress prog{std::chrono::steady_clock::now(), last_step_s, cfg.n_layers, stream};
+        Progress prog{std::chrono::steady_clock::now(), last_step_s, cfg.n_layers, stream, &m};
         bool show_progress = lead && last_step_s > 10.0;  // long steps show per-layer progress
         AdamW opt;
         opt.lr = (float)lr_at(o, step);
@@ -638,19 +736,19 @@ static int run(Options o, const Launch& launch) {
 
         CUDA_CHECK(cudaEventRecord(ev0, stream));
         model_forward_backward(m, stream, show_progress ? progress_callback : nullptr, &prog);
-        if (step == 0 && !o.dump_path.empty()) {  // the first step's loss and every gradient
-            float loss_sum = 0;
-            CUDA_CHECK(cudaMemcpyAsync(&loss_sum, m.scalars, 4, cudaMemcpyDeviceToHost, stream));
-            comm_sync(m.comm, stream, o.comm_timeout_s);
+        if (step == first_step && !o.dump_path.empty()) {  // the first step's loss and every gradient
+            CUDA_CHECK(cudaMemcpyAsync(m.host_scalars, m.scalars, 4, cudaMemcpyDeviceToHost, stream));
+            model_sync(m, stream);
+            const float loss_sum = m.host_scalars[0];
             std::vector<float> grads = fsdp_full_gradients(m, stream);
             if (lead) write_dump(o.dump_path, loss_sum / (double)n_valid, grads);
             CUDA_CHECK(cudaEventRecord(ev0, stream));  // the dump is not part of the step's time
         }
         model_optimizer_step(m, opt, (float)o.grad_clip, stream);
         CUDA_CHECK(cudaEventRecord(ev1, stream));
-        float scalars[3];
-        CUDA_CHECK(cudaMemcpyAsync(scalars, m.scalars, sizeof scalars, cudaMemcpyDeviceToHost, stream));
-        comm_sync(m.comm, stream, o.comm_timeout_s);
+        CUDA_CHECK(cudaMemcpyAsync(m.host_scalars, m.scalars, 3 * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        model_sync(m, stream);  // host-pinned target: the copy is asynchronous, the wait is watched
+        const float* scalars = m.host_scalars;
         float ms = 0;
         CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
         double step_s = ms / 1000.0;
@@ -659,6 +757,8 @@ static int run(Options o, const Launch& launch) {
         double tflops = flops / step_s / 1e12;
         double driver = dm.driver_used_bytes() / GiB, host = host_rss_gib("VmHWM:");  // includes pinned
         if (!std::isfinite(loss) && !simulated) runtime_error("loss is not finite at step " + std::to_string(step + 1));
+        if (o.checkpoint_every && ((step + 1) % o.checkpoint_every == 0 || step + 1 == o.steps))
+            save_train_state(m, o.checkpoint_dir, step + 1, data.state, stream, o.comm_timeout_s);
         if (!lead) continue;
         printf("step %4d/%d  loss %8.4f%s  lr %.2e  grad norm %7.3f | %9.0f tok/s", step + 1, o.steps, loss,
                simulated ? " (simulated)" : "", opt.lr, std::sqrt(scalars[1]), step_tokens / step_s);
@@ -672,7 +772,7 @@ static int run(Options o, const Launch& launch) {
         fflush(stdout);
         if (log) {
             fprintf(log,
-                    "{\"type\": \"step\", \"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, "
+                    "{\"type\": \"step\", \"step\": %d, \"loss\": %.9g, \"lr\": %.6g, \"grad_norm\": %.6g, "
                     "\"step_time_s\": %.6f, \"tokens_per_s\": %.2f, \"tokens_per_s_per_gpu\": %.2f, \"tflops\": %.3f, "
                     "\"mfu\": %.5f, \"memory_gib\": %s, \"driver_gib\": %.4f, \"host_gib\": %.4f}\n",
                     step + 1, loss, opt.lr, std::sqrt(scalars[1]), step_s, step_tokens / step_s, T / step_s, tflops,
@@ -682,6 +782,10 @@ static int run(Options o, const Launch& launch) {
     }
     if (log) fclose(log);
     if (lead && !o.timeline_path.empty()) write_timeline(o.timeline_path, offload_timeline(m));
+    if (!o.save_to.empty()) {
+        save_hf_checkpoint(m, o.save_to, o.save_dtype == "bf16", stream);
+        if (lead) printf("saved a Hugging Face checkpoint (%s) to %s\n", o.save_dtype.c_str(), o.save_to.c_str());
+    }
     gemm_destroy();
     model_free(m, dm);
     return EXIT_OK;
@@ -691,7 +795,7 @@ int train_main(int argc, char** argv) {
     const Launch launch = launch_from_env();
     // A usage error or an out-of-memory is the same on every rank: rank 0 alone reports it.
     auto report = [&](int code, const char* what) {
-        if (launch.world > 1 && launch.rank != 0 && (code == EXIT_USAGE || code == EXIT_OOM)) return;
+        if (launch.world > 1 && launch.rank != 0 && g_symmetric_phase) return;
         std::string prefix = launch.world > 1 ? "[rank " + std::to_string(launch.rank) + "] " : "";
         fprintf(stderr, "%s%s%s\n", prefix.c_str(), code == EXIT_OOM ? "" : "error: ", what);
     };

@@ -31,6 +31,13 @@ struct Options {
     int sim_world = 0;          // --sim-world: emulate rank 0 of this many GPUs
     double comm_timeout_s = 600;
     int stage = -1;             // --stage N
+    std::string init_from;      // --init-from: a Hugging Face checkpoint (file or directory)
+    std::string save_to;        // --save-to: write a Hugging Face checkpoint at the end
+    std::string save_dtype = "bf16";
+    std::string data_path;      // --data: a token file (else synthetic data)
+    std::string checkpoint_dir; // --checkpoint-dir: training state, every --checkpoint-every steps
+    int checkpoint_every = 0;
+    bool resume = false;        // --resume: continue from the latest state in --checkpoint-dir
     bool plan = false;
     bool help = false;
     std::string log_path;
@@ -48,14 +55,19 @@ std::string usage_text();
 // Synthetic data (no download). copy: each sequence is h random tokens followed by the same h
 // tokens again; only targets that can be predicted by looking back are scored (the rest are -1).
 // random: uniform tokens, every target scored (the loss cannot go below log(task_vocab)).
+// With a token file (--data), each sequence is a window of seq + 1 tokens at a random offset:
+// tokens are its first seq, targets its last seq. `state` is all there is to the sampler: the
+// training state saves it, so a resumed run sees the same data.
 struct SyntheticData {
     std::string task;
     int vocab;
     uint64_t state;
+    const TokenFile* file = nullptr;
     SyntheticData(const std::string& task_, int vocab_, uint64_t seed) : task(task_), vocab(vocab_), state(seed) {}
     // Fill tokens and targets for `batch` sequences of `seq` tokens.
     void next(int32_t* tokens, int32_t* targets, int batch, int64_t seq);
-    uint32_t next_u32();
+    uint64_t next_u64();
+    uint32_t next_u32() { return (uint32_t)(next_u64() >> 32); }
 };
 
 // The memory plan of a run (dry run of the arena): per category, plus pinned host bytes.

@@ -156,14 +156,20 @@ __global__ void transpose_kernel(float* out, const float* in, int64_t S, int q) 
 
 }  // namespace
 
+// Token-sharded q, k, v -> head-sharded, straight into the layer's qkv [S, W]. Also the
+// backward's first step under --ckpt=selective (q, k, v are recomputed, attention is not).
+void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s) {
+    const Geometry g = geometry(m);
+    pack_qkv_kernel<<<blocks(g.sp * g.T * g.W / 8), 256, 0, s>>>(m.a2a_send, m.qkv_local, g);
+    CUDA_CHECK_LAUNCH();
+    m.comm->all_to_all(m.layers[l].qkv, m.a2a_send, g.T * g.W, DType::BF16, s);
+}
+
 void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
     const Geometry g = geometry(m);
     LayerActivations& a = m.layers[l];
     const int64_t S = g.T * g.sp, qd = (int64_t)g.q * g.d;
-    // Token-sharded q, k, v -> head-sharded, straight into the layer's kept qkv [S, W].
-    pack_qkv_kernel<<<blocks(g.sp * g.T * g.W / 8), 256, 0, s>>>(m.a2a_send, m.qkv_local, g);
-    CUDA_CHECK_LAUNCH();
-    m.comm->all_to_all(a.qkv, m.a2a_send, g.T * g.W, DType::BF16, s);
+    ulysses_qkv_to_heads(m, l, s);
     AttentionForwardArgs fa{a.qkv, a.qkv + qd, a.qkv + qd + (int64_t)g.kv * g.d, g.W, g.W, g.W, m.att_heads, qd, a.lse};
     attention_forward(fa, {1, S, g.q, g.kv, g.d}, s);
     // Head-sharded output -> token-sharded a.att [T, Hq d]: rows of GPU j's tokens go to GPU j.

@@ -1,0 +1,733 @@
+// checkpoint.cu - files: Hugging Face checkpoints (safetensors + config.json), token files, and
+// the whole training state for save and resume.
+//
+// Hugging Face. LlamaForCausalLM names its tensors model.embed_tokens.weight,
+// model.layers.{i}.input_layernorm.weight, ...self_attn.{q,k,v,o}_proj.weight,
+// ...post_attention_layernorm.weight, ...mlp.{gate,up,down}_proj.weight, model.norm.weight and
+// lm_head.weight (absent when tied), each [out, in] row-major; its RoPE is the rotate-half
+// layout ours uses, so no permutation is needed. Our fused wqkv is q, k, v stacked by rows and
+// w13 is gate then up, so each of our tensors is one or more row ranges of HF tensors. A load
+// reads only the pieces of this GPU's shards straight from the memory-mapped files (a GPU never
+// holds the whole model in host memory); a save gathers one unit at a time and rank 0 streams it
+// into a single model.safetensors (bf16 or fp32) next to a config.json that transformers reads.
+//
+// Token files: a documented flat format (see README): 8-byte magic "LLTOKENS", uint32 version 1,
+// uint32 bytes per token (4), uint64 count, then count little-endian uint32 tokens.
+//
+// Training state (--checkpoint-dir, --resume): per GPU its fp32 master weights, AdamW moments
+// (its shards under --fsdp), the step and the data sampler's state, in DIR/step-N/rank-R.state;
+// then DIR/latest names step-N. Every file is written as a temporary, fsynced and renamed, and
+// latest moves only after every rank's file is in place: a kill at any moment leaves the last
+// good checkpoint loadable. The bf16 weights are derived from the master copy on load, so a
+// resumed run computes exactly what the uninterrupted one would.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "llama.h"
+
+// =============================================================================================
+// A minimal JSON reader (objects, arrays, strings, numbers, true/false/null): enough for
+// safetensors headers and config.json files.
+struct Json {
+    enum Kind { NUL, BOOL, NUM, STR, ARR, OBJ } kind = NUL;
+    double num = 0;
+    bool b = false;
+    std::string str;
+    std::vector<Json> arr;
+    std::vector<std::pair<std::string, Json>> obj;
+    const Json* get(const std::string& k) const {
+        for (auto& kv : obj)
+            if (kv.first == k) return &kv.second;
+        return nullptr;
+    }
+};
+
+namespace {
+
+struct JsonParser {
+    const std::string& s;
+    size_t i = 0;
+    std::string what;  // for messages
+    explicit JsonParser(const std::string& text, const std::string& w) : s(text), what(w) {}
+    [[noreturn]] void fail(const std::string& m) {
+        usage_error(what + ": malformed JSON at byte " + std::to_string(i) + ": " + m);
+    }
+    void ws() {
+        while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
+    }
+    char peek() {
+        ws();
+        if (i >= s.size()) fail("unexpected end");
+        return s[i];
+    }
+    void expect(char c) {
+        if (peek() != c) fail(std::string("expected '") + c + "'");
+        i++;
+    }
+    std::string string() {
+        expect('"');
+        std::string out;
+        while (true) {
+            if (i >= s.size()) fail("unterminated string");
+            char c = s[i++];
+            if (c == '"') break;
+            if (c != '\\') { out += c; continue; }
+            if (i >= s.size()) fail("bad escape");
+            char e = s[i++];
+            switch (e) {
+                case 'n': out += '\n'; break;
+                case 't': out += '\t'; break;
+                case 'r': out += '\r'; break;
+                case 'b': out += '\b'; break;
+                case 'f': out += '\f'; break;
+                case 'u': {
+                    if (i + 4 > s.size()) fail("bad \\u escape");
+                    unsigned cp = (unsigned)std::stoul(s.substr(i, 4), nullptr, 16);
+                    i += 4;
+                    if (cp < 0x80) out += (char)cp;
+                    else if (cp < 0x800) out += (char)(0xC0 | (cp >> 6)), out += (char)(0x80 | (cp & 0x3F));
+                    else out += (char)(0xE0 | (cp >> 12)), out += (char)(0x80 | ((cp >> 6) & 0x3F)), out += (char)(0x80 | (cp & 0x3F));
+                    break;
+                }
+                default: out += e;
+            }
+        }
+        return out;
+    }
+    Json value() {
+        Json v;
+        char c = peek();
+        if (c == '{') {
+            v.kind = Json::OBJ;
+            i++;
+            if (peek() == '}') { i++; return v; }
+            while (true) {
+                std::string k = string();
+                expect(':');
+                v.obj.push_back({k, value()});
+                if (peek() == ',') { i++; continue; }
+                expect('}');
+                return v;
+            }
+        }
+        if (c == '[') {
+            v.kind = Json::ARR;
+            i++;
+            if (peek() == ']') { i++; return v; }
+            while (true) {
+                v.arr.push_back(value());
+                if (peek() == ',') { i++; continue; }
+                expect(']');
+                return v;
+            }
+        }
+        if (c == '"') {
+            v.kind = Json::STR;
+            v.str = string();
+            return v;
+        }
+        if (s.compare(i, 4, "true") == 0) { i += 4; v.kind = Json::BOOL; v.b = true; return v; }
+        if (s.compare(i, 5, "false") == 0) { i += 5; v.kind = Json::BOOL; return v; }
+        if (s.compare(i, 4, "null") == 0) { i += 4; return v; }
+        size_t j = i;
+        while (j < s.size() && (isdigit((unsigned char)s[j]) || strchr("+-.eE", s[j]))) j++;
+        if (j == i) fail("unexpected character");
+        v.kind = Json::NUM;
+        v.num = std::strtod(s.substr(i, j - i).c_str(), nullptr);
+        i = j;
+        return v;
+    }
+};
+
+Json parse_json(const std::string& text, const std::string& what) {
+    JsonParser p(text, what);
+    Json v = p.value();
+    p.ws();
+    if (p.i != text.size()) p.fail("trailing characters");
+    return v;
+}
+
+std::string read_text(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) usage_error("cannot read '" + path + "'");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+bool is_dir(const std::string& p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool exists(const std::string& p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0;
+}
+
+// Write a file atomically: temporary, fsync, rename, fsync the directory.
+void fsync_dir(const std::string& dir) {
+    int fd = open(dir.c_str(), O_RDONLY);
+    if (fd >= 0) fsync(fd), close(fd);
+}
+std::string dir_of(const std::string& path) {
+    size_t p = path.rfind('/');
+    return p == std::string::npos ? "." : path.substr(0, p);
+}
+
+struct AtomicFile {
+    std::string path, tmp;
+    FILE* f = nullptr;
+    explicit AtomicFile(const std::string& p) : path(p), tmp(p + ".tmp") {
+        f = fopen(tmp.c_str(), "wb");
+        if (!f) runtime_error("cannot write '" + tmp + "': " + strerror(errno));
+    }
+    void write(const void* data, size_t n) {
+        if (n && fwrite(data, 1, n, f) != n) runtime_error("writing '" + tmp + "' failed: " + strerror(errno));
+    }
+    void commit() {
+        if (fflush(f) != 0 || fsync(fileno(f)) != 0) runtime_error("flushing '" + tmp + "' failed");
+        fclose(f);
+        f = nullptr;
+        if (rename(tmp.c_str(), path.c_str()) != 0) runtime_error("renaming '" + tmp + "' failed");
+        fsync_dir(dir_of(path));
+    }
+    ~AtomicFile() {
+        if (f) fclose(f), unlink(tmp.c_str());
+    }
+};
+
+void make_dirs(const std::string& d) {
+    std::string cur;
+    std::stringstream ss(d);
+    std::string part;
+    if (!d.empty() && d[0] == '/') cur = "/";
+    while (std::getline(ss, part, '/')) {
+        if (part.empty()) continue;
+        cur += part + "/";
+        mkdir(cur.c_str(), 0755);
+    }
+    if (!is_dir(d)) usage_error("cannot create directory '" + d + "'");
+}
+
+}  // namespace
+
+// A read-only memory map of a whole file.
+struct Mapped {  // declared in llama.h (TokenFile keeps one)
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+    std::string path;
+    explicit Mapped(const std::string& p) : path(p) {
+        int fd = open(p.c_str(), O_RDONLY);
+        if (fd < 0) usage_error("cannot open '" + p + "': " + strerror(errno));
+        struct stat st;
+        fstat(fd, &st);
+        size = (size_t)st.st_size;
+        if (size > 0) {
+            void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+            if (m == MAP_FAILED) usage_error("cannot map '" + p + "'");
+            data = (const uint8_t*)m;
+        }
+        close(fd);
+    }
+    ~Mapped() {
+        if (data) munmap((void*)data, size);
+    }
+    Mapped(const Mapped&) = delete;
+    Mapped& operator=(const Mapped&) = delete;
+};
+
+namespace {
+
+// =============================================================================================
+// safetensors
+struct StTensor {
+    std::string dtype;
+    std::vector<int64_t> shape;
+    const uint8_t* data;
+    int64_t bytes;
+    const Mapped* file;
+};
+
+int dtype_bytes(const std::string& d) {
+    if (d == "F32") return 4;
+    if (d == "BF16" || d == "F16") return 2;
+    return 0;
+}
+
+// Parse one safetensors file; every tensor's header is checked against the file's size.
+void read_safetensors(const Mapped& f, std::map<std::string, StTensor>& out) {
+    const std::string& p = f.path;
+    if (f.size < 8) usage_error(p + ": truncated (no safetensors header)");
+    uint64_t hlen = 0;
+    memcpy(&hlen, f.data, 8);
+    if (hlen > f.size - 8 || hlen > (1u << 30)) usage_error(p + ": corrupt safetensors header length");
+    Json h = parse_json(std::string((const char*)f.data + 8, hlen), p);
+    if (h.kind != Json::OBJ) usage_error(p + ": safetensors header is not an object");
+    const uint8_t* base = f.data + 8 + hlen;
+    const uint64_t data_size = f.size - 8 - hlen;
+    for (auto& kv : h.obj) {
+        if (kv.first == "__metadata__") continue;
+        const Json& t = kv.second;
+        const Json *dt = t.get("dtype"), *sh = t.get("shape"), *off = t.get("data_offsets");
+        if (!dt || !sh || !off || off->arr.size() != 2) usage_error(p + ": tensor '" + kv.first + "' has an incomplete header");
+        StTensor st;
+        st.dtype = dt->str;
+        for (auto& d : sh->arr) st.shape.push_back((int64_t)d.num);
+        int64_t b0 = (int64_t)off->arr[0].num, b1 = (int64_t)off->arr[1].num;
+        int64_t numel = 1;
+        for (int64_t d : st.shape) numel *= d;
+        int eb = dtype_bytes(st.dtype);
+        if (eb == 0) usage_error(p + ": tensor '" + kv.first + "' has dtype " + st.dtype + " (BF16, F16 or F32 expected)");
+        if (b0 < 0 || b1 < b0 || (uint64_t)b1 > data_size)
+            usage_error(p + ": tensor '" + kv.first + "' lies outside the file (truncated or corrupt)");
+        if (b1 - b0 != numel * eb) usage_error(p + ": tensor '" + kv.first + "' has " + std::to_string(b1 - b0) +
+                                              " bytes for its shape (" + std::to_string(numel * eb) + " expected)");
+        st.data = base + b0;
+        st.bytes = b1 - b0;
+        st.file = &f;
+        out[kv.first] = st;
+    }
+}
+
+float to_float(const StTensor& t, int64_t i) {
+    if (t.dtype == "F32") {
+        float v;
+        memcpy(&v, t.data + 4 * i, 4);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, t.data + 2 * i, 2);
+    if (t.dtype == "BF16") {
+        uint32_t u = (uint32_t)h << 16;
+        float v;
+        memcpy(&v, &u, 4);
+        return v;
+    }
+    // F16
+    uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) {
+        float v = std::ldexp((float)man, -24);
+        return sign ? -v : v;
+    }
+    if (exp == 31) u = (sign << 31) | 0x7f800000 | (man << 13);
+    else u = (sign << 31) | ((exp + 112) << 23) | (man << 13);
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+uint16_t to_bf16_bits(float v) {  // round to nearest even
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7f800000) == 0x7f800000) return (uint16_t)(u >> 16) | ((u & 0xffff) ? 0x40 : 0);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+// One of our tensors as row ranges of Hugging Face tensors.
+struct HfPiece {
+    std::string name;
+    int64_t row0, rows;  // our rows [row0, row0 + rows) are the HF tensor's rows [0, rows)
+};
+
+std::vector<HfPiece> hf_pieces(const LlamaConfig& c, const ParamTensor& t) {
+    const std::string L = "model.layers." + std::to_string(t.layer) + ".";
+    switch (t.kind) {
+        case P_EMBED: return {{"model.embed_tokens.weight", 0, t.rows}};
+        case P_ATTN_NORM: return {{L + "input_layernorm.weight", 0, 1}};
+        case P_WQKV:
+            return {{L + "self_attn.q_proj.weight", 0, c.q_dim()},
+                    {L + "self_attn.k_proj.weight", c.q_dim(), c.kv_dim()},
+                    {L + "self_attn.v_proj.weight", c.q_dim() + c.kv_dim(), c.kv_dim()}};
+        case P_WO: return {{L + "self_attn.o_proj.weight", 0, t.rows}};
+        case P_MLP_NORM: return {{L + "post_attention_layernorm.weight", 0, 1}};
+        case P_W13: return {{L + "mlp.gate_proj.weight", 0, c.ffn_dim}, {L + "mlp.up_proj.weight", c.ffn_dim, c.ffn_dim}};
+        case P_W2: return {{L + "mlp.down_proj.weight", 0, t.rows}};
+        case P_FINAL_NORM: return {{"model.norm.weight", 0, 1}};
+        case P_LM_HEAD: return {{"lm_head.weight", 0, t.rows}};
+    }
+    return {};
+}
+
+std::vector<int64_t> hf_shape(const ParamTensor& t, const HfPiece& p) {
+    if (t.rows == 1) return {t.cols};  // norms are vectors
+    return {p.rows, t.cols};
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+    std::string r = "[";
+    for (size_t i = 0; i < s.size(); i++) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + "]";
+}
+
+}  // namespace
+
+// =============================================================================================
+// config.json
+std::string hf_config_json(const LlamaConfig& c) {
+    char buf[2048];
+    snprintf(buf, sizeof buf,
+             "{\n"
+             "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+             "  \"model_type\": \"llama\",\n"
+             "  \"hidden_size\": %d,\n"
+             "  \"intermediate_size\": %d,\n"
+             "  \"num_hidden_layers\": %d,\n"
+             "  \"num_attention_heads\": %d,\n"
+             "  \"num_key_value_heads\": %d,\n"
+             "  \"head_dim\": %d,\n"
+             "  \"vocab_size\": %d,\n"
+             "  \"rms_norm_eps\": %.10g,\n"
+             "  \"rope_theta\": %.10g,\n"
+             "  \"rope_scaling\": %s,\n"
+             "  \"tie_word_embeddings\": %s,\n"
+             "  \"max_position_embeddings\": 131072,\n"
+             "  \"hidden_act\": \"silu\",\n"
+             "  \"attention_bias\": false,\n"
+             "  \"mlp_bias\": false,\n"
+             "  \"torch_dtype\": \"bfloat16\"\n"
+             "}\n",
+             c.dim, c.ffn_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab, c.norm_eps, c.rope_theta,
+             c.rope_scaling.enabled
+                 ? ("{\"rope_type\": \"llama3\", \"factor\": " + std::to_string(c.rope_scaling.factor) +
+                    ", \"low_freq_factor\": " + std::to_string(c.rope_scaling.low_freq_factor) +
+                    ", \"high_freq_factor\": " + std::to_string(c.rope_scaling.high_freq_factor) +
+                    ", \"original_max_position_embeddings\": " +
+                    std::to_string((int64_t)c.rope_scaling.original_max_pos) + "}")
+                       .c_str()
+                 : "null",
+             c.tied_embeddings ? "true" : "false");
+    return buf;
+}
+
+void check_hf_config(const LlamaConfig& c, const std::string& text, const std::string& path) {
+    Json j = parse_json(text, path);
+    std::string bad;
+    auto num = [&](const char* key, double want) {
+        const Json* v = j.get(key);
+        if (v && v->kind == Json::NUM && std::fabs(v->num - want) > 1e-9 * std::max(1.0, std::fabs(want)))
+            bad += std::string("  ") + key + ": checkpoint " + std::to_string(v->num) + ", --config " + c.name + " " +
+                   std::to_string(want) + "\n";
+    };
+    num("hidden_size", c.dim);
+    num("intermediate_size", c.ffn_dim);
+    num("num_hidden_layers", c.n_layers);
+    num("num_attention_heads", c.n_heads);
+    num("num_key_value_heads", c.n_kv_heads);
+    num("head_dim", c.head_dim);
+    num("vocab_size", c.vocab);
+    num("rms_norm_eps", c.norm_eps);
+    num("rope_theta", c.rope_theta);
+    if (const Json* t = j.get("tie_word_embeddings"))
+        if (t->kind == Json::BOOL && t->b != c.tied_embeddings)
+            bad += std::string("  tie_word_embeddings: checkpoint ") + (t->b ? "true" : "false") + "\n";
+    if (const Json* rs = j.get("rope_scaling")) {
+        if (rs->kind == Json::OBJ) {
+            if (!c.rope_scaling.enabled) bad += "  rope_scaling: the checkpoint has one, --config has none\n";
+            else {
+                const Json* f = rs->get("factor");
+                if (f && std::fabs(f->num - c.rope_scaling.factor) > 1e-9)
+                    bad += "  rope_scaling.factor: checkpoint " + std::to_string(f->num) + ", --config " +
+                           std::to_string(c.rope_scaling.factor) + "\n";
+                const Json* o = rs->get("original_max_position_embeddings");
+                if (o && std::fabs(o->num - c.rope_scaling.original_max_pos) > 0.5)
+                    bad += "  rope_scaling.original_max_position_embeddings: checkpoint " + std::to_string(o->num) + "\n";
+            }
+        } else if (c.rope_scaling.enabled) {
+            bad += "  rope_scaling: --config has llama3 scaling, the checkpoint none\n";
+        }
+    }
+    if (!bad.empty()) usage_error(path + " does not match --config " + c.name + " (with --layers):\n" + bad);
+}
+
+// =============================================================================================
+// Reading a Hugging Face checkpoint: open and check every file, name and shape first (no
+// weights are read), then this GPU's parameters (its shards under --fsdp) in fp32.
+struct HfCheckpoint {
+    std::vector<std::unique_ptr<Mapped>> maps;
+    std::map<std::string, StTensor> tensors;
+};
+
+static void open_hf_checkpoint(const Model& m, const std::string& path, HfCheckpoint& ck) {
+    // Which files: a .safetensors file, or a directory with model.safetensors or a sharded index.
+    std::vector<std::string> files;
+    std::string dir = is_dir(path) ? path : dir_of(path);
+    if (!is_dir(path)) {
+        files.push_back(path);
+    } else if (exists(path + "/model.safetensors.index.json")) {
+        Json idx = parse_json(read_text(path + "/model.safetensors.index.json"), path + "/model.safetensors.index.json");
+        const Json* wm = idx.get("weight_map");
+        if (!wm || wm->kind != Json::OBJ) usage_error(path + "/model.safetensors.index.json has no weight_map");
+        for (auto& kv : wm->obj)
+            if (std::find(files.begin(), files.end(), path + "/" + kv.second.str) == files.end())
+                files.push_back(path + "/" + kv.second.str);
+    } else if (exists(path + "/model.safetensors")) {
+        files.push_back(path + "/model.safetensors");
+    } else {
+        usage_error("--init-from '" + path + "': no model.safetensors or model.safetensors.index.json there");
+    }
+    if (exists(dir + "/config.json")) check_hf_config(m.cfg, read_text(dir + "/config.json"), dir + "/config.json");
+
+    std::vector<std::unique_ptr<Mapped>>& maps = ck.maps;
+    std::map<std::string, StTensor>& tensors = ck.tensors;
+    for (auto& f : files) {
+        maps.emplace_back(new Mapped(f));
+        read_safetensors(*maps.back(), tensors);
+    }
+    // Every tensor present with the right shape; nothing unexpected left over.
+    std::map<std::string, bool> used;
+    for (auto& kv : tensors) used[kv.first] = false;
+    for (const ParamTensor& t : m.layout.tensors)
+        for (const HfPiece& p : hf_pieces(m.cfg, t)) {
+            auto it = tensors.find(p.name);
+            if (it == tensors.end()) usage_error("--init-from '" + path + "': tensor '" + p.name + "' is missing");
+            std::vector<int64_t> want = hf_shape(t, p);
+            if (it->second.shape != want)
+                usage_error("--init-from '" + path + "': tensor '" + p.name + "' has shape " + shape_str(it->second.shape) +
+                            ", --config " + m.cfg.name + " needs " + shape_str(want));
+            used[p.name] = true;
+        }
+    for (auto& kv : used)
+        if (!kv.second && !(kv.first == "lm_head.weight" && m.cfg.tied_embeddings) &&
+            kv.first.find("rotary_emb") == std::string::npos)
+            usage_error("--init-from '" + path + "': tensor '" + kv.first + "' has no place in --config " + m.cfg.name +
+                        " (a deeper or different model?)");
+}
+
+void check_hf_checkpoint(const Model& m, const std::string& path) {
+    HfCheckpoint ck;
+    open_hf_checkpoint(m, path, ck);
+}
+
+std::vector<float> read_hf_weights(const Model& m, const std::string& path) {
+    HfCheckpoint ck;
+    open_hf_checkpoint(m, path, ck);
+    std::map<std::string, StTensor>& tensors = ck.tensors;
+    std::vector<float> local(m.local_params, 0.f);
+    for (const ParamSegment& seg : fsdp_segments(m)) {
+        const ParamTensor& t = *seg.tensor;
+        const int64_t e0 = seg.tensor_offset, e1 = e0 + seg.count;
+        for (const HfPiece& p : hf_pieces(m.cfg, t)) {
+            const StTensor& st = tensors[p.name];
+            int64_t p0 = p.row0 * t.cols, p1 = p0 + p.rows * t.cols;  // our elements this piece holds
+            for (int64_t e = std::max(e0, p0); e < std::min(e1, p1); e++) local[seg.local + (e - e0)] = to_float(st, e - p0);
+        }
+    }
+    return local;
+}
+
+void load_hf_checkpoint(Model& m, const std::string& path, cudaStream_t s) {
+    std::vector<float> local = read_hf_weights(m, path);
+    CUDA_CHECK(cudaMemcpy(m.master, local.data(), m.local_params * sizeof(float), cudaMemcpyHostToDevice));
+    convert_f32_to_bf16(m.weights, m.master, m.local_params, s);
+    CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.local_params * sizeof(float), s));
+    CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.local_params * sizeof(float), s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+// =============================================================================================
+// Writing a Hugging Face checkpoint. unit_data(u) returns unit u's parameters (layout order);
+// every rank calls it (under --fsdp it is a gather), only `lead` writes.
+void write_hf_checkpoint(const std::string& dir, const LlamaConfig& c, const ParamLayout& lay, bool bf16, bool lead,
+                         const std::function<std::vector<float>(int)>& unit_data) {
+    if (lead) make_dirs(dir);
+    // The header first: names, shapes and offsets follow from the layout.
+    struct Out {
+        std::string name;
+        const ParamTensor* t;
+        HfPiece piece;
+        int64_t begin, bytes;
+    };
+    std::vector<Out> outs;
+    int64_t off = 0;
+    const int eb = bf16 ? 2 : 4;
+    for (const ParamTensor& t : lay.tensors)
+        for (const HfPiece& p : hf_pieces(c, t)) {
+            int64_t bytes = p.rows * t.cols * eb;
+            outs.push_back({p.name, &t, p, off, bytes});
+            off += bytes;
+        }
+    std::string header = "{\"__metadata__\": {\"format\": \"pt\"}";
+    for (auto& o : outs)
+        header += ", \"" + o.name + "\": {\"dtype\": \"" + (bf16 ? "BF16" : "F32") + "\", \"shape\": " +
+                  shape_str(hf_shape(*o.t, o.piece)) + ", \"data_offsets\": [" + std::to_string(o.begin) + ", " +
+                  std::to_string(o.begin + o.bytes) + "]}";
+    header += "}";
+    while (header.size() % 8) header += ' ';  // tensor data 8-byte aligned
+    std::unique_ptr<AtomicFile> f;
+    if (lead) {
+        f.reset(new AtomicFile(dir + "/model.safetensors"));
+        uint64_t hlen = header.size();
+        f->write(&hlen, 8);
+        f->write(header.data(), header.size());
+    }
+    // Then the data, one unit at a time (the layout's tensors are grouped by unit, in order).
+    std::vector<float> unit;
+    int current = -1;
+    std::vector<uint8_t> bytes;
+    for (auto& o : outs) {
+        const ParamTensor& t = *o.t;
+        if (t.unit != current) unit = unit_data(t.unit), current = t.unit;
+        if (!lead) continue;
+        const float* src = unit.data() + (t.offset - lay.unit_begin[t.unit]) + o.piece.row0 * t.cols;
+        const int64_t n = o.piece.rows * t.cols;
+        bytes.resize(n * eb);
+        for (int64_t i = 0; i < n; i++) {
+            if (bf16) {
+                uint16_t b = to_bf16_bits(src[i]);
+                memcpy(&bytes[2 * i], &b, 2);
+            } else {
+                memcpy(&bytes[4 * i], &src[i], 4);
+            }
+        }
+        f->write(bytes.data(), bytes.size());
+    }
+    if (lead) {
+        f->commit();
+        AtomicFile cfg(dir + "/config.json");
+        std::string js = hf_config_json(c);
+        cfg.write(js.data(), js.size());
+        cfg.commit();
+    }
+}
+
+void save_hf_checkpoint(Model& m, const std::string& dir, bool bf16, cudaStream_t s) {
+    write_hf_checkpoint(dir, m.cfg, m.layout, bf16, m.comm->rank == 0,
+                        [&](int u) { return fsdp_gather_unit(m, m.master, u, s); });
+}
+
+// =============================================================================================
+// Token files
+TokenFile::TokenFile(const std::string& path, int vocab) : map(new Mapped(path)) {
+    const Mapped& f = *map;
+    if (f.size < 24 || memcmp(f.data, "LLTOKENS", 8) != 0)
+        usage_error("--data '" + path + "': not a token file (no LLTOKENS header; see README for the format)");
+    uint32_t version, width;
+    memcpy(&version, f.data + 8, 4);
+    memcpy(&width, f.data + 12, 4);
+    memcpy(&count, f.data + 16, 8);
+    if (version != 1 || width != 4)
+        usage_error("--data '" + path + "': version " + std::to_string(version) + ", " + std::to_string(width) +
+                    "-byte tokens (version 1, 4 bytes expected)");
+    if (count > (f.size - 24) / 4)
+        usage_error("--data '" + path + "': header says " + std::to_string(count) + " tokens, the file holds " +
+                    std::to_string((f.size - 24) / 4) + " (truncated?)");
+    tokens = (const uint32_t*)(f.data + 24);
+    for (uint64_t i = 0; i < count; i++)
+        if (tokens[i] >= (uint32_t)vocab)
+            usage_error("--data '" + path + "': token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                        " is outside the vocabulary (" + std::to_string(vocab) + ")");
+}
+TokenFile::~TokenFile() { delete map; }
+
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens) {
+    AtomicFile f(path);
+    uint32_t version = 1, width = 4;
+    uint64_t n = tokens.size();
+    f.write("LLTOKENS", 8);
+    f.write(&version, 4);
+    f.write(&width, 4);
+    f.write(&n, 8);
+    f.write(tokens.data(), tokens.size() * 4);
+    f.commit();
+}
+
+// =============================================================================================
+// Training state
+namespace {
+struct StateHeader {
+    char magic[8] = {'L', 'L', 'S', 'T', 'A', 'T', 'E', '1'};
+    int64_t step, data_state, world, rank, fsdp, local_params, layout_total, dim, layers, vocab;
+};
+}  // namespace
+
+void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t data_state, cudaStream_t s,
+                      double timeout_s) {
+    const int rank = m.comm->rank;
+    const std::string step_dir = dir + "/step-" + std::to_string(step);
+    if (rank == 0) make_dirs(step_dir);
+    m.comm->all_reduce(m.scalars + 3, 1, DType::F32, s);  // barrier: the directory exists
+    comm_sync(m.comm, s, timeout_s);
+    if (rank != 0) make_dirs(step_dir);
+    StateHeader h;
+    h.step = step, h.data_state = (int64_t)data_state, h.world = m.world, h.rank = rank, h.fsdp = m.opt.fsdp;
+    h.local_params = m.local_params, h.layout_total = m.layout.total;
+    h.dim = m.cfg.dim, h.layers = m.cfg.n_layers, h.vocab = m.cfg.vocab;
+    std::vector<float> buf(m.local_params);
+    AtomicFile f(step_dir + "/rank-" + std::to_string(rank) + ".state");
+    f.write(&h, sizeof h);
+    for (float* arr : {m.master, m.adam_m, m.adam_v}) {
+        CUDA_CHECK(cudaMemcpy(buf.data(), arr, m.local_params * sizeof(float), cudaMemcpyDeviceToHost));
+        f.write(buf.data(), buf.size() * sizeof(float));
+    }
+    f.commit();
+    m.comm->all_reduce(m.scalars + 3, 1, DType::F32, s);  // barrier: every rank's file is in place
+    comm_sync(m.comm, s, timeout_s);
+    if (rank == 0) {
+        std::string prev;
+        if (exists(dir + "/latest")) prev = read_text(dir + "/latest");
+        AtomicFile latest(dir + "/latest");
+        std::string name = "step-" + std::to_string(step);
+        latest.write(name.data(), name.size());
+        latest.commit();
+        // Keep this checkpoint and the one before; older ones go.
+        if (DIR* d = opendir(dir.c_str())) {
+            while (dirent* e = readdir(d)) {
+                std::string n = e->d_name;
+                if (n.rfind("step-", 0) != 0 || n == name || n == prev) continue;
+                std::string sub = dir + "/" + n;
+                if (DIR* d2 = opendir(sub.c_str())) {
+                    while (dirent* e2 = readdir(d2))
+                        if (e2->d_name[0] != '.') unlink((sub + "/" + e2->d_name).c_str());
+                    closedir(d2);
+                }
+                rmdir(sub.c_str());
+            }
+            closedir(d);
+        }
+    }
+}
+
+bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t* data_state, cudaStream_t s) {
+    if (!exists(dir + "/latest")) return false;
+    std::string name = read_text(dir + "/latest");
+    const std::string path = dir + "/" + name + "/rank-" + std::to_string(m.comm->rank) + ".state";
+    Mapped f(path);
+    StateHeader h;
+    if (f.size < sizeof h) usage_error("--resume: '" + path + "' is truncated");
+    memcpy(&h, f.data, sizeof h);
+    if (memcmp(h.magic, "LLSTATE1", 8) != 0) usage_error("--resume: '" + path + "' is not a training state file");
+    auto mismatch = [&](const char* what, int64_t file, int64_t now) {
+        if (file != now)
+            usage_error("--resume: '" + path + "' was written with " + what + " " + std::to_string(file) + ", this run has " +
+                        std::to_string(now));
+    };
+    mismatch("GPUs", h.world, m.world);
+    mismatch("--fsdp", h.fsdp, m.opt.fsdp);
+    mismatch("hidden size", h.dim, m.cfg.dim);
+    mismatch("layers", h.layers, m.cfg.n_layers);
+    mismatch("vocabulary", h.vocab, m.cfg.vocab);
+    mismatch("parameters per GPU", h.local_params, m.local_params);
+    if (f.size != sizeof h + 3 * (size_t)m.local_params * sizeof(float))
+        usage_error("--resume: '" + path + "' is truncated or corrupt");
+    const uint8_t* p = f.data + sizeof h;
+    for (float* arr : {m.master, m.adam_m, m.adam_v}) {
+        CUDA_CHECK(cudaMemcpy(arr, p, m.local_params * sizeof(float), cudaMemcpyHostToDevice));
+        p += m.local_params * sizeof(float);
+    }
+    convert_f32_to_bf16(m.weights, m.master, m.local_params, s);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    *step = h.step;
+    *data_state = (uint64_t)h.data_state;
+    return true;
+}

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Parity with Hugging Face transformers (LlamaForCausalLM), the most used Llama there is.
+
+For a tied and an untied test model (GQA, llama3 RoPE scaling), from the repository root:
+  1. build a random LlamaForCausalLM, save it (safetensors), write S + 1 tokens as a token file;
+  2. run ./train from that checkpoint on those tokens for one step: --dump gives our loss and
+     every gradient (bf16 compute), --save-to our weights after one AdamW step (fp32);
+  3. compute the same in PyTorch in float32: loss, gradients, one AdamW step with the same
+     hyperparameters (decay on matrices, global-norm clipping), and compare;
+  4. round trip: our --save-to of the untouched weights loads in transformers and gives the
+     original model's logits on a prompt (exactly in fp32; within bf16 rounding in bf16).
+Exits 0 when everything agrees, 1 otherwise; prints SKIPPED and exits 0 without a GPU, PyTorch
+or transformers.
+"""
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from transformers import LlamaConfig, LlamaForCausalLM
+except ImportError as e:
+    print(f"SKIPPED: needs torch and transformers ({e})")
+    sys.exit(0)
+if not torch.cuda.is_available():
+    print("SKIPPED: no GPU")
+    sys.exit(0)
+
+# Our test models (common.h), as transformers configs.
+MODELS = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                 intermediate_size=384, vocab_size=512, tie_word_embeddings=True,
+                 rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                   original_max_position_embeddings=64)),
+    "tiny-untied": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+                        intermediate_size=320, vocab_size=384, tie_word_embeddings=False,
+                        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                          original_max_position_embeddings=64)),
+}
+SEQ, LR, WD, CLIP = 256, 1e-3, 0.1, 1.0
+
+
+def our_layout(c):
+    """Offsets of our flat parameter array (common.h param_layout) and the HF pieces of each tensor."""
+    D, F_, V, qd, kvd = c.hidden_size, c.intermediate_size, c.vocab_size, c.num_attention_heads * c.head_dim, \
+        c.num_key_value_heads * c.head_dim
+    off, out = 0, []
+
+    def add(pieces, rows, cols):
+        nonlocal off
+        out.append((off, rows, cols, pieces))
+        off = (off + rows * cols + 127) // 128 * 128
+
+    add([("model.embed_tokens.weight", 0)], V, D)
+    for l in range(c.num_hidden_layers):
+        p = f"model.layers.{l}."
+        add([(p + "input_layernorm.weight", 0)], 1, D)
+        add([(p + "self_attn.q_proj.weight", 0), (p + "self_attn.k_proj.weight", qd),
+             (p + "self_attn.v_proj.weight", qd + kvd)], qd + 2 * kvd, D)
+        add([(p + "self_attn.o_proj.weight", 0)], D, qd)
+        add([(p + "post_attention_layernorm.weight", 0)], 1, D)
+        add([(p + "mlp.gate_proj.weight", 0), (p + "mlp.up_proj.weight", F_)], 2 * F_, D)
+        add([(p + "mlp.down_proj.weight", 0)], D, F_)
+    add([("model.norm.weight", 0)], 1, D)
+    if not c.tie_word_embeddings:
+        add([("lm_head.weight", 0)], V, D)
+    return out, off
+
+
+def read_dump(path):
+    with open(path, "rb") as f:
+        assert f.read(8) == b"LLGRAD01", "not a --dump file"
+        loss, = struct.unpack("<d", f.read(8))
+        n, = struct.unpack("<q", f.read(8))
+        g = torch.frombuffer(bytearray(f.read(4 * n)), dtype=torch.float32)
+    return loss, g
+
+
+def write_tokens(path, ids):
+    with open(path, "wb") as f:
+        f.write(b"LLTOKENS" + struct.pack("<IIQ", 1, 4, len(ids)))
+        f.write(struct.pack(f"<{len(ids)}I", *ids))
+
+
+def run(cmd):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        print(r.stdout)
+        raise SystemExit(f"FAILED: {' '.join(cmd)} exited with {r.returncode}")
+    return r.stdout
+
+
+def cos(a, b):
+    return float(torch.dot(a, b) / (a.norm() * b.norm() + 1e-30))
+
+
+def main():
+    ok = True
+    rows = []
+    for name, kw in MODELS.items():
+        torch.manual_seed(1234)
+        cfg = LlamaConfig(**kw, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+                          hidden_act="silu", attention_bias=False, mlp_bias=False, initializer_range=0.05)
+        cfg._attn_implementation = "eager"
+        model = LlamaForCausalLM(cfg).float().cuda()
+        tmp = tempfile.mkdtemp(prefix=f"hf_parity_{name}_")
+        model.save_pretrained(f"{tmp}/hf", safe_serialization=True)
+        ids = torch.randint(0, cfg.vocab_size, (SEQ + 1,)).tolist()
+        write_tokens(f"{tmp}/tokens.bin", ids)
+
+        # Ours: one step from the checkpoint on exactly these tokens (the file holds one window).
+        run(["./train", "--config", name, "--init-from", f"{tmp}/hf", "--data", f"{tmp}/tokens.bin",
+             "--seq-len", str(SEQ), "--steps", "1", "--lr", str(LR), "--warmup", "0", "--weight-decay", str(WD),
+             "--grad-clip", str(CLIP), "--dump", f"{tmp}/grads.bin", "--save-to", f"{tmp}/ours", "--save-dtype", "fp32"])
+        our_loss, our_grads = read_dump(f"{tmp}/grads.bin")
+
+        # transformers, float32: loss, gradients, one AdamW step.
+        x = torch.tensor(ids[:-1], device="cuda")[None]
+        y = torch.tensor(ids[1:], device="cuda")
+        before = {k: v.detach().clone() for k, v in model.named_parameters()}
+        loss = F.cross_entropy(model(x).logits[0].float(), y)
+        loss.backward()
+        grads = {k: v.grad.detach().clone() for k, v in model.named_parameters()}
+        decay = [p for k, p in model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for k, p in model.named_parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
+                                lr=LR, betas=(0.9, 0.95), eps=1e-8)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        after = {k: v.detach().clone() for k, v in model.named_parameters()}
+        ours_after = LlamaForCausalLM.from_pretrained(f"{tmp}/ours", torch_dtype=torch.float32).cuda()
+        ours_after = dict(ours_after.named_parameters())
+
+        loss_err = abs(our_loss - loss.item()) / loss.item()
+        ok &= loss_err < 1e-2
+        rows.append(f"{name:12} loss   ours {our_loss:.6f}  transformers {loss.item():.6f}  rel error {loss_err:.2e}")
+        layout, total = our_layout(cfg)
+        assert total == our_grads.numel(), f"layout mismatch: {total} vs {our_grads.numel()}"
+        worst_cos, worst_upd = 1.0, 1.0
+        for off, r, cols, pieces in layout:
+            ref = torch.cat([grads[p].flatten().cpu() for p, _ in pieces])
+            got = our_grads[off:off + r * cols]
+            c = cos(got, ref)
+            worst_cos = min(worst_cos, c)
+            if c <= 0.99:
+                ok = False
+                rows.append(f"   gradient {pieces[0][0]}: cosine {c:.5f}")
+            for p, _ in pieces:  # the optimizer step: our update against transformers'
+                du = (ours_after[p].detach() - before[p]).flatten().cpu()
+                dh = (after[p] - before[p]).flatten().cpu()
+                cu = cos(du, dh)
+                worst_upd = min(worst_upd, cu)
+                if cu <= 0.95:
+                    ok = False
+                    rows.append(f"   AdamW update of {p}: cosine {cu:.5f}")
+        rows.append(f"{name:12} every gradient tensor: min cosine {worst_cos:.5f} (needs > 0.99); "
+                    f"every AdamW update: min cosine {worst_upd:.5f} (needs > 0.95)")
+
+        # Round trip: our save of the untouched weights, loaded by transformers.
+        run(["./train", "--config", name, "--init-from", f"{tmp}/hf", "--steps", "0", "--save-to", f"{tmp}/rt32",
+             "--save-dtype", "fp32"])
+        run(["./train", "--config", name, "--init-from", f"{tmp}/hf", "--steps", "0", "--save-to", f"{tmp}/rt16"])
+        prompt = torch.tensor(ids[:64], device="cuda")[None]
+        orig = LlamaForCausalLM.from_pretrained(f"{tmp}/hf", torch_dtype=torch.float32).cuda()
+        with torch.no_grad():
+            want = orig(prompt).logits.float()
+            got32 = LlamaForCausalLM.from_pretrained(f"{tmp}/rt32", torch_dtype=torch.float32).cuda()(prompt).logits.float()
+            got16 = LlamaForCausalLM.from_pretrained(f"{tmp}/rt16", torch_dtype=torch.float32).cuda()(prompt).logits.float()
+        e32 = float((got32 - want).norm() / want.norm())
+        e16 = float((got16 - want).norm() / want.norm())
+        ok &= e32 < 1e-6 and e16 < 1e-2
+        rows.append(f"{name:12} our saved checkpoint in transformers: logits rel error fp32 {e32:.2e} (needs < 1e-6), "
+                    f"bf16 {e16:.2e} (needs < 1e-2)")
+    print("\n".join(rows))
+    print("PASSED" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

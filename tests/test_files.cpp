@@ -1,0 +1,402 @@
+// tests/test_files.cpp - Hugging Face checkpoints (round trips, FSDP shards, sharded index files,
+// corrupt and mismatched files), token files, and resuming a run (on a GPU): a resumed run,
+// also after a kill, computes exactly the losses of an uninterrupted one.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "../llama.h"
+#include "../train.h"
+#include "test_util.h"
+
+namespace {
+
+int fatal_code(const std::function<void()>& fn, std::string* msg = nullptr) {
+    try {
+        fn();
+    } catch (const Fatal& f) {
+        if (msg) *msg = f.what();
+        return f.code;
+    }
+    return -1;
+}
+
+std::string read_text_file(const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+std::string tmpdir(const std::string& name) {
+    std::string d = "/tmp/llama_files_" + std::to_string(getpid()) + "_" + name;
+    std::string cmd = "rm -rf " + d + " && mkdir -p " + d;
+    if (system(cmd.c_str()) != 0) ADD_FAILURE() << "cannot make " << d;
+    return d;
+}
+
+// A model's layout and this rank's segments, without a GPU.
+struct DryModel {
+    Model m;
+    Comm* comm = nullptr;
+    DryModel(const LlamaConfig& c, bool fsdp, int world, int rank) {
+        m.cfg = c;
+        m.opt.fsdp = fsdp;
+        m.world = world;
+        m.shape.seq = 64;
+        comm = comm_single();
+        comm->rank = rank, comm->world = world;
+        m.comm = comm;
+        Arena a;
+        model_declare_buffers(m, a);
+    }
+    ~DryModel() { delete comm; }
+};
+
+std::vector<float> random_params(const ParamLayout& lay, std::mt19937_64& rng) {
+    std::vector<float> p(lay.total, 0.f);
+    std::normal_distribution<float> nd(0.f, 0.5f);
+    for (const auto& t : lay.tensors)
+        for (int64_t i = 0; i < t.numel(); i++) p[t.offset + i] = nd(rng);
+    return p;
+}
+
+void write_checkpoint(const std::string& dir, const LlamaConfig& c, const std::vector<float>& p, bool bf16) {
+    ParamLayout lay = param_layout(c);
+    write_hf_checkpoint(dir, c, lay, bf16, true, [&](int u) {
+        return std::vector<float>(p.begin() + lay.unit_begin[u], p.begin() + lay.unit_begin[u + 1]);
+    });
+}
+
+float bf16_round(float v) {  // round to nearest even, as the writer does
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    u &= 0xffff0000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+// What rank r of `world` must hold: its segments of the full parameters.
+std::vector<float> expected_local(const Model& m, const std::vector<float>& full, bool round) {
+    std::vector<float> out(m.local_params, 0.f);
+    for (const ParamSegment& s : fsdp_segments(m))
+        for (int64_t i = 0; i < s.count; i++) {
+            float v = full[s.tensor->offset + s.tensor_offset + i];
+            out[s.local + i] = round ? bf16_round(v) : v;
+        }
+    return out;
+}
+
+TEST(HfCheckpoint, RoundTripsEveryTensorOnEveryShard) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    for (const char* name : {"tiny", "tiny-untied"})
+        for (bool bf16 : {false, true}) {
+            SCOPED_TRACE(std::string(name) + (bf16 ? " bf16" : " fp32"));
+            LlamaConfig c = config_by_name(name);
+            std::vector<float> p = random_params(param_layout(c), rng);
+            std::string dir = tmpdir("rt");
+            write_checkpoint(dir, c, p, bf16);
+            for (int world : {1, 2, 3})
+                for (int rank = 0; rank < world; rank++) {
+                    DryModel dm(c, world > 1, world, rank);
+                    EXPECT_EQ(read_hf_weights(dm.m, dir), expected_local(dm.m, p, bf16)) << "world " << world << " rank " << rank;
+                }
+            std::string msg;
+            EXPECT_EQ(fatal_code([&] { check_hf_config(c, read_text_file(dir + "/config.json"), "config.json"); }), -1);
+        }
+}
+
+TEST(HfCheckpoint, ShardedIndexIsRead) {
+    std::mt19937_64 rng(fresh_seed());
+    LlamaConfig c = config_by_name("tiny-untied");
+    std::vector<float> p = random_params(param_layout(c), rng);
+    std::string one = tmpdir("one"), two = tmpdir("two");
+    write_checkpoint(one, c, p, false);
+    // Split into two files by hand: the same tensors, half in each, and an index.
+    std::ifstream f(one + "/model.safetensors", std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(f)), {});
+    uint64_t hlen;
+    memcpy(&hlen, all.data(), 8);
+    std::string header = all.substr(8, hlen), data = all.substr(8 + hlen);
+    // Reuse the writer's header: file A holds everything, file B an empty-data copy; the index
+    // sends the layers' tensors to A and the rest to B (whose header lists them too).
+    std::ofstream(two + "/a.safetensors", std::ios::binary) << all;
+    std::ofstream(two + "/b.safetensors", std::ios::binary) << all;
+    std::string index = "{\"metadata\": {}, \"weight_map\": {\"model.embed_tokens.weight\": \"b.safetensors\", "
+                        "\"model.norm.weight\": \"a.safetensors\"}}";
+    std::ofstream(two + "/model.safetensors.index.json") << index;
+    std::ofstream(two + "/config.json") << hf_config_json(c);
+    DryModel dm(c, false, 1, 0);
+    EXPECT_EQ(read_hf_weights(dm.m, two), expected_local(dm.m, p, false));
+}
+
+// A safetensors file built by hand: name -> (dtype, shape, bytes).
+struct StEntry {
+    std::string dtype;
+    std::vector<int64_t> shape;
+    size_t bytes;
+};
+void write_st(const std::string& path, const std::vector<std::pair<std::string, StEntry>>& entries) {
+    std::string h = "{";
+    size_t off = 0;
+    for (size_t i = 0; i < entries.size(); i++) {
+        const auto& e = entries[i].second;
+        std::string shape = "[";
+        for (size_t k = 0; k < e.shape.size(); k++) shape += (k ? "," : "") + std::to_string(e.shape[k]);
+        h += (i ? ", " : "") + std::string("\"") + entries[i].first + "\": {\"dtype\": \"" + e.dtype + "\", \"shape\": " +
+             shape + "], \"data_offsets\": [" + std::to_string(off) + ", " + std::to_string(off + e.bytes) + "]}";
+        off += e.bytes;
+    }
+    h += "}";
+    uint64_t n = h.size();
+    std::ofstream f(path, std::ios::binary);
+    f.write((char*)&n, 8);
+    f << h << std::string(off, '\0');
+}
+
+// The entries of a correct checkpoint for c (zeros).
+std::vector<std::pair<std::string, StEntry>> correct_entries(const LlamaConfig& c) {
+    std::vector<std::pair<std::string, StEntry>> e;
+    auto add = [&](const std::string& n, std::vector<int64_t> s) {
+        int64_t k = 1;
+        for (auto d : s) k *= d;
+        e.push_back({n, {"F32", s, (size_t)k * 4}});
+    };
+    add("model.embed_tokens.weight", {c.vocab, c.dim});
+    for (int l = 0; l < c.n_layers; l++) {
+        std::string L = "model.layers." + std::to_string(l) + ".";
+        add(L + "input_layernorm.weight", {c.dim});
+        add(L + "self_attn.q_proj.weight", {c.q_dim(), c.dim});
+        add(L + "self_attn.k_proj.weight", {c.kv_dim(), c.dim});
+        add(L + "self_attn.v_proj.weight", {c.kv_dim(), c.dim});
+        add(L + "self_attn.o_proj.weight", {c.dim, c.q_dim()});
+        add(L + "post_attention_layernorm.weight", {c.dim});
+        add(L + "mlp.gate_proj.weight", {c.ffn_dim, c.dim});
+        add(L + "mlp.up_proj.weight", {c.ffn_dim, c.dim});
+        add(L + "mlp.down_proj.weight", {c.dim, c.ffn_dim});
+    }
+    add("model.norm.weight", {c.dim});
+    if (!c.tied_embeddings) add("lm_head.weight", {c.vocab, c.dim});
+    return e;
+}
+
+TEST(HfCheckpoint, CorruptAndMismatchedFilesAreUsageErrorsNamingTheProblem) {
+    LlamaConfig c = config_by_name("tiny-untied");
+    DryModel dm(c, false, 1, 0);
+    std::string dir = tmpdir("bad"), file = dir + "/model.safetensors";
+    auto expect_error = [&](const std::string& what, const std::string& needle) {
+        SCOPED_TRACE(what);
+        std::string msg;
+        EXPECT_EQ(fatal_code([&] { check_hf_checkpoint(dm.m, file); }, &msg), EXIT_USAGE);
+        EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    };
+    auto e = correct_entries(c);
+    write_st(file, e);
+    EXPECT_EQ(fatal_code([&] { check_hf_checkpoint(dm.m, file); }), -1);  // the correct one passes
+
+    {  // truncated: the last tensor's bytes are cut off
+        std::ifstream in(file, std::ios::binary);
+        std::string all((std::istreambuf_iterator<char>(in)), {});
+        std::ofstream(file, std::ios::binary) << all.substr(0, all.size() - 100);
+        expect_error("truncated", "lm_head.weight");
+    }
+    {
+        auto bad = e;
+        bad[2].second.shape = {c.q_dim() + 64, c.dim};  // q_proj of layer 0 too tall
+        bad[2].second.bytes = (size_t)(c.q_dim() + 64) * c.dim * 4;
+        write_st(file, bad);
+        expect_error("wrong shape", "model.layers.0.self_attn.q_proj.weight");
+    }
+    {
+        auto bad = e;
+        bad.erase(bad.begin() + 8);  // layer 0 up_proj (after embed, norm, q, k, v, o, norm, gate)
+        write_st(file, bad);
+        expect_error("missing tensor", "model.layers.0.mlp.up_proj.weight");
+    }
+    {
+        auto bad = e;
+        bad.push_back({"model.layers.9.mlp.up_proj.weight", {"F32", {4}, 16}});
+        write_st(file, bad);
+        expect_error("unexpected tensor", "model.layers.9.mlp.up_proj.weight");
+    }
+    {
+        auto bad = e;
+        bad[1].second.dtype = "I8";
+        bad[1].second.bytes = (size_t)c.dim;
+        write_st(file, bad);
+        expect_error("dtype", "I8");
+    }
+    {
+        std::ofstream f(file, std::ios::binary);
+        uint64_t n = 1ull << 40;
+        f.write((char*)&n, 8);
+        f << "{}";
+        f.close();
+        expect_error("header length", "header length");
+    }
+    {
+        uint64_t n = 5;
+        std::ofstream f(file, std::ios::binary);
+        f.write((char*)&n, 8);
+        f << "{\"a\":";
+        f.close();
+        expect_error("broken JSON", "malformed JSON");
+    }
+    {  // a config.json that contradicts --config
+        write_st(file, e);
+        LlamaConfig other = c;
+        other.dim = 256;
+        std::ofstream(dir + "/config.json") << hf_config_json(other);
+        std::string msg;
+        EXPECT_EQ(fatal_code([&] { check_hf_checkpoint(dm.m, dir); }, &msg), EXIT_USAGE);
+        EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(TokenFiles, RoundTripAndErrors) {
+    std::string dir = tmpdir("tok");
+    std::vector<uint32_t> toks = {1, 2, 3, 500, 7};
+    write_token_file(dir + "/ok.bin", toks);
+    {
+        TokenFile tf(dir + "/ok.bin", 512);
+        ASSERT_EQ(tf.count, toks.size());
+        for (size_t i = 0; i < toks.size(); i++) EXPECT_EQ(tf.tokens[i], toks[i]);
+    }
+    std::string msg;
+    EXPECT_EQ(fatal_code([&] { TokenFile tf(dir + "/ok.bin", 400); }, &msg), EXIT_USAGE);  // 500 >= 400
+    EXPECT_NE(msg.find("position 3"), std::string::npos) << msg;
+    std::ofstream(dir + "/junk.bin") << "not tokens at all, just text";
+    EXPECT_EQ(fatal_code([&] { TokenFile tf(dir + "/junk.bin", 512); }, &msg), EXIT_USAGE);
+    EXPECT_NE(msg.find("LLTOKENS"), std::string::npos) << msg;
+    {  // header promises more tokens than the file holds
+        std::ifstream in(dir + "/ok.bin", std::ios::binary);
+        std::string all((std::istreambuf_iterator<char>(in)), {});
+        std::ofstream(dir + "/short.bin", std::ios::binary) << all.substr(0, all.size() - 8);
+    }
+    EXPECT_EQ(fatal_code([&] { TokenFile tf(dir + "/short.bin", 512); }, &msg), EXIT_USAGE);
+    EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+    EXPECT_EQ(fatal_code([&] { TokenFile tf(dir + "/none.bin", 512); }), EXIT_USAGE);
+}
+
+TEST(TokenFiles, WindowsComeFromTheFile) {
+    std::string dir = tmpdir("win");
+    std::vector<uint32_t> toks(1000);
+    for (size_t i = 0; i < toks.size(); i++) toks[i] = (uint32_t)(i % 97);
+    write_token_file(dir + "/t.bin", toks);
+    TokenFile tf(dir + "/t.bin", 128);
+    SyntheticData d("random", 128, 3);
+    d.file = &tf;
+    std::vector<int32_t> x(2 * 50), y(2 * 50);
+    d.next(x.data(), y.data(), 2, 50);
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 49; i++) {
+            EXPECT_EQ(y[b * 50 + i], x[b * 50 + i + 1]);             // targets are the next tokens
+            EXPECT_EQ((x[b * 50 + i] + 1) % 97, x[b * 50 + i + 1]);  // consecutive in the file
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary: bad files are usage errors before any GPU work (so this runs on CI too).
+struct Result {
+    int code;
+    std::string output;
+};
+Result sh(const std::string& cmd) {
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    int st = pclose(p);
+    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+bool have_train() { return std::ifstream("./train").good(); }
+
+TEST(Binary, BadInputFilesExitWithTwo) {
+    if (!have_train()) GTEST_SKIP() << "./train not built";
+    std::string dir = tmpdir("bin");
+    std::ofstream(dir + "/model.safetensors") << "garbage";
+    Result a = sh("./train --config tiny --init-from " + dir);
+    EXPECT_EQ(a.code, 2) << a.output;
+    Result b = sh("./train --config tiny --init-from /nonexistent/dir");
+    EXPECT_EQ(b.code, 2) << b.output;
+    std::ofstream(dir + "/tokens.bin") << "garbage";
+    Result c = sh("./train --config tiny --data " + dir + "/tokens.bin");
+    EXPECT_EQ(c.code, 2) << c.output;
+    write_token_file(dir + "/few.bin", {1, 2, 3});
+    Result d = sh("./train --config tiny --seq-len 64 --data " + dir + "/few.bin");
+    EXPECT_EQ(d.code, 2) << d.output;
+    EXPECT_NE(d.output.find("needs 65"), std::string::npos) << d.output;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resume (GPU): the losses of a resumed run are those of the uninterrupted run, to the last bit.
+std::map<int, std::string> losses_by_step(const std::string& log) {
+    std::map<int, std::string> out;
+    std::ifstream f(log);
+    std::string line;
+    while (std::getline(f, line)) {
+        size_t s = line.find("\"step\": "), l = line.find("\"loss\": ");
+        if (line.find("\"type\": \"step\"") == std::string::npos || s == std::string::npos) continue;
+        int step = atoi(line.c_str() + s + 8);
+        out[step] = line.substr(l + 8, line.find(',', l) - l - 8);
+    }
+    return out;
+}
+
+TEST(Resume, FromAnEarlierCheckpointReproducesTheLosses) {
+    REQUIRE_GPU();
+    if (!have_train()) GTEST_SKIP() << "./train not built";
+    std::string dir = tmpdir("resume");
+    const std::string common = "./train --config tiny --seq-len 128 --steps 6 --lr 3e-3 --task copy --seed 5";
+    Result a = sh(common + " --checkpoint-dir " + dir + "/ck --checkpoint-every 2 --log " + dir + "/a.jsonl");
+    ASSERT_EQ(a.code, 0) << a.output;
+    // Kept: step-4 and step-6. Go back to step 4 and finish again.
+    std::ofstream(dir + "/ck/latest") << "step-4";
+    Result b = sh(common + " --checkpoint-dir " + dir + "/ck --resume --log " + dir + "/b.jsonl");
+    ASSERT_EQ(b.code, 0) << b.output;
+    auto la = losses_by_step(dir + "/a.jsonl"), lb = losses_by_step(dir + "/b.jsonl");
+    ASSERT_EQ(lb.size(), 2u) << b.output;
+    for (auto& kv : lb) EXPECT_EQ(kv.second, la[kv.first]) << "step " << kv.first;
+}
+
+TEST(Resume, AfterAKillAtAnyMoment) {
+    REQUIRE_GPU();
+    if (!have_train()) GTEST_SKIP() << "./train not built";
+    std::string dir = tmpdir("kill");
+    const std::string args = "--config small --seq-len 2048 --steps 20 --task copy --seed 9";
+    Result ref = sh("./train " + args + " --log " + dir + "/ref.jsonl");
+    ASSERT_EQ(ref.code, 0) << ref.output;
+    // Save every step, kill the run somewhere in the middle (perhaps mid-write).
+    pid_t pid = fork();
+    if (pid == 0) {
+        std::string cmd = "exec ./train " + args + " --checkpoint-dir " + dir + "/ck --checkpoint-every 1 > /dev/null 2>&1";
+        execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
+        _exit(127);
+    }
+    for (int i = 0; i < 400 && !std::ifstream(dir + "/ck/latest").good(); i++) usleep(50000);
+    usleep(700000);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    Result r = sh("./train " + args + " --checkpoint-dir " + dir + "/ck --resume --log " + dir + "/r.jsonl");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+    auto lr = losses_by_step(dir + "/r.jsonl"), lref = losses_by_step(dir + "/ref.jsonl");
+    ASSERT_FALSE(lr.empty());
+    printf("  killed and resumed at step %d of 20\n", lr.begin()->first - 1);
+    for (auto& kv : lr) EXPECT_EQ(kv.second, lref[kv.first]) << "step " << kv.first;
+}
+
+}  // namespace
