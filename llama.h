@@ -77,8 +77,14 @@ struct DeviceMemory {
 };
 
 // The estimated runtime overhead when no GPU is present (--plan); measured on an H200 with
-// CUDA 13.0 (context + cuBLAS handle + cuBLASLt), see README.
+// CUDA 13.0 (context + cuBLAS handle + cuBLASLt), see README. On more than one GPU NCCL's own
+// buffers come on top: 2.62 GiB per GPU for our two communicators, measured on two H200s
+// (NCCL 2.28, NCCL_RUNTIME_CONNECT=0); a lead for other GPU counts, not a measurement.
 constexpr double RUNTIME_OVERHEAD_ESTIMATE_GIB = 0.55;
+constexpr double NCCL_OVERHEAD_ESTIMATE_GIB = 2.62;
+inline double runtime_estimate_gib(int world) {
+    return RUNTIME_OVERHEAD_ESTIMATE_GIB + (world > 1 ? NCCL_OVERHEAD_ESTIMATE_GIB : 0.0);
+}
 
 // Report an out-of-memory (category breakdown, what the step needs, next stage) and throw the
 // exit-code-3 Fatal. `needed` is the arena total; `available` what the cap leaves for it.

@@ -58,6 +58,7 @@ std::string usage_text() {
            "\n"
            "Memory techniques (the ladder of DESIGN.md; each computes the same loss and gradients)\n"
            "  --stage N            turn on stages 1..N of the ladder: 1 --fsdp, 2 --ulysses, 3 --ckpt, 4 --offload, 5 --chunked\n"
+           "  --ladder             with --plan: every stage's memory per GPU, fits or OOM, and longest context under the cap\n"
            "  --fsdp               shard parameters, gradients and AdamW states over the GPUs (per layer, gathered when used)\n"
            "  --ulysses            split one sequence over the GPUs; all-to-all to head-sharded attention and back\n"
            "  --ckpt[=selective]   activation checkpointing: keep only block inputs and recompute each layer in\n"
@@ -180,6 +181,7 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--fsdp") flag_only(), o.step.fsdp = true;
         else if (arg == "--ulysses") flag_only(), o.step.ulysses = true;
         else if (arg == "--stage") o.stage = (int)parse_int(arg, need(), 0, 6);
+        else if (arg == "--ladder") flag_only(), o.ladder = true;
         else if (arg == "--ckpt") {
             if (has_value && value != "selective" && value != "full")
                 usage_error("--ckpt takes no value, or =selective, or =full; got '" + value + "'");
@@ -197,11 +199,9 @@ Options parse_options(int argc, char** argv) {
         usage_error("--task copy needs --seq-len of at least 4");
     if (o.seq_len > (int64_t)1 << 40) usage_error("--seq-len is beyond anything addressable");
     if (o.stage >= 6) usage_error("--stage 6 needs --untied, which is not in this build yet");
-    if (o.stage >= 1) o.step.fsdp = true;
-    if (o.stage >= 2) o.step.ulysses = true;
-    if (o.stage >= 3) o.step.ckpt = true;
-    if (o.stage >= 4) o.step.offload = true;
-    if (o.stage >= 5) o.step.chunked = true;
+    apply_stage(o.step, o.stage);
+    if (o.ladder && !o.plan)
+        usage_error("--ladder measures nothing yet: use --ladder --plan (the measured ladder is still to come)");
     if (o.nproc > 1 && o.sim_world > 1) usage_error("--nproc and --sim-world exclude each other");
     if (o.step.offload) o.step.ckpt = true;  // offload moves what checkpointing keeps
     if (o.save_dtype != "bf16" && o.save_dtype != "fp32") usage_error("--save-dtype must be bf16 or fp32");
@@ -274,6 +274,95 @@ double lr_at(const Options& o, int step) {
     return min_lr + 0.5 * (o.lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
+void apply_stage(StepOptions& s, int stage) {
+    if (stage >= 1) s.fsdp = true;
+    if (stage >= 2) s.ulysses = true;
+    if (stage >= 3) s.ckpt = true;
+    if (stage >= 4) s.offload = true;
+    if (stage >= 5) s.chunked = true;
+}
+
+std::vector<LadderRow> ladder_plan(const Options& base) {
+    static const char* flags[] = {"(none)", "--fsdp", "--ulysses", "--ckpt", "--offload", "--chunked", "--untied"};
+    const LlamaConfig cfg = resolve_config(base);
+    const int world = std::max(base.nproc, std::max(base.sim_world, 1));
+    const double cap = base.mem_cap_gib > 0 ? base.mem_cap_gib : 80.0, rt = runtime_estimate_gib(world);
+    std::vector<LadderRow> rows;
+    for (int k = 0; k <= 6; k++) {
+        LadderRow r;
+        r.stage = k;
+        r.flags = flags[k];
+        r.runtime_gib = rt;
+        if (k == 6) {
+            r.available = false;
+            rows.push_back(r);
+            continue;
+        }
+        Options o = base;
+        o.step = StepOptions();
+        o.step.chunk_tokens = base.step.chunk_tokens;
+        o.step.loss_chunk_tokens = base.step.loss_chunk_tokens;
+        apply_stage(o.step, k);
+        if (o.step.ulysses) {
+            RunShape sh;
+            sh.batch = o.batch, sh.seq = o.seq_len, sh.sp = world;
+            try {
+                ulysses_check(cfg, sh);
+            } catch (const Fatal& f) {
+                r.refused = f.what();
+                rows.push_back(r);
+                continue;
+            }
+        }
+        MemoryPlan p = plan_memory(cfg, o, o.seq_len);
+        for (int c = 0; c < MEM_NUM_CATEGORIES; c++) r.gib[c] = p.arena.category_bytes(c) / GiB;
+        r.total_gib = p.total_gib(rt);
+        r.host_gib = p.host_bytes / GiB;
+        r.fits = r.total_gib <= cap;
+        r.longest = longest_context(cfg, o, cap, rt);
+        rows.push_back(r);
+    }
+    return rows;
+}
+
+static int print_ladder(const Options& o) {
+    const LlamaConfig cfg = resolve_config(o);
+    const int world = std::max(o.nproc, std::max(o.sim_world, 1));
+    const double cap = o.mem_cap_gib > 0 ? o.mem_cap_gib : 80.0;
+    std::vector<LadderRow> rows = ladder_plan(o);
+    printf("the memory ladder, planned: %s, %d layers, %lld tokens per sequence (%.2fM), %d GPU%s, cap %.0f GiB per GPU\n",
+           cfg.name.c_str(), cfg.n_layers, (long long)o.seq_len, o.seq_len / 1048576.0, world, world > 1 ? "s" : "", cap);
+    printf("runtime estimate per GPU %.2f GiB (CUDA context and cuBLAS%s); measured figures come from running a step\n",
+           rows[0].runtime_gib, world > 1 ? ", NCCL's buffers as measured on two H200s" : "");
+    printf("%-5s %-10s %9s %10s %9s %8s %10s %9s  %-24s %s\n", "stage", "adds", "model", "attention", "other", "comm",
+           "total GiB", "host GiB", "under the cap", "longest context");
+    FILE* log = o.log_path.empty() ? nullptr : fopen(o.log_path.c_str(), "w");
+    for (const LadderRow& r : rows) {
+        if (!r.available || !r.refused.empty()) {
+            printf("%-5d %-10s %s\n", r.stage, r.flags.c_str(),
+                   !r.available ? "(not in this build yet)" : ("(" + r.refused + ")").c_str());
+            continue;
+        }
+        char verdict[64];
+        if (r.fits) snprintf(verdict, sizeof verdict, "fits");
+        else snprintf(verdict, sizeof verdict, "OOM, needs %.1f GiB", r.total_gib);
+        printf("%-5d %-10s %9.2f %10.2f %9.2f %8.2f %10.2f %9.2f  %-24s %lld (%.2fM)\n", r.stage, r.flags.c_str(),
+               r.gib[MEM_MODEL], r.gib[MEM_ATTENTION], r.gib[MEM_OTHER], r.gib[MEM_COMM], r.total_gib, r.host_gib,
+               verdict, (long long)r.longest, r.longest / 1048576.0);
+        if (log)
+            fprintf(log,
+                    "{\"type\": \"ladder_plan\", \"config\": \"%s\", \"layers\": %d, \"seq_len\": %lld, \"gpus\": %d, "
+                    "\"cap_gib\": %.1f, \"stage\": %d, \"adds\": \"%s\", \"memory_gib\": {\"model\": %.4f, "
+                    "\"attention\": %.4f, \"other\": %.4f, \"comm\": %.4f, \"workspace\": %.4f, \"runtime\": %.4f}, "
+                    "\"total_gib\": %.4f, \"host_gib\": %.4f, \"fits\": %s, \"longest_context\": %lld}\n",
+                    cfg.name.c_str(), cfg.n_layers, (long long)o.seq_len, world, cap, r.stage, r.flags.c_str(),
+                    r.gib[MEM_MODEL], r.gib[MEM_ATTENTION], r.gib[MEM_OTHER], r.gib[MEM_COMM], r.gib[MEM_WORKSPACE],
+                    r.runtime_gib, r.total_gib, r.host_gib, r.fits ? "true" : "false", (long long)r.longest);
+    }
+    if (log) fclose(log);
+    return EXIT_OK;
+}
+
 // =============================================================================================
 // Reporting helpers.
 static double host_rss_gib(const char* key) {  // VmRSS (now) or VmHWM (peak) of this process
@@ -338,7 +427,7 @@ static std::string plan_text(const Arena& plan, int64_t host_bytes, double runti
         os << buf;
     }
     snprintf(buf, sizeof buf, "  %-10s %10.3f GiB (%s)\n", "runtime", runtime_gib,
-             runtime_measured ? "measured: CUDA context, cuBLAS" : "estimate: CUDA context, cuBLAS");
+             runtime_measured ? "measured: CUDA context, cuBLAS, NCCL" : "estimate: CUDA context, cuBLAS, NCCL");
     os << buf;
     snprintf(buf, sizeof buf, "  %-10s %10.3f GiB\n", "total", plan.total() / GiB + runtime_gib);
     os << buf;
@@ -573,12 +662,13 @@ static int run(Options o, const Launch& launch) {
                (o.step.fsdp || o.step.ulysses || o.step.ckpt || o.step.chunked) ? "" : " none (stage 0)");
     }
     if (o.plan) {
-        printf("%s", plan_text(arena, host_bytes, RUNTIME_OVERHEAD_ESTIMATE_GIB, false).c_str());
+        const double rt = runtime_estimate_gib(world);
+        printf("%s", plan_text(arena, host_bytes, rt, false).c_str());
         if (o.mem_cap_gib > 0) {
-            double need = arena.total() / GiB + RUNTIME_OVERHEAD_ESTIMATE_GIB;
+            double need = arena.total() / GiB + rt;
             if (need <= o.mem_cap_gib) printf("cap %.2f GiB: fits\n", o.mem_cap_gib);
             else printf("cap %.2f GiB: OOM, needs %.2f GiB (next: %s)\n", o.mem_cap_gib, need, next_stage_hint(o).c_str());
-            int64_t longest = longest_context(cfg, o, o.mem_cap_gib, RUNTIME_OVERHEAD_ESTIMATE_GIB);
+            int64_t longest = longest_context(cfg, o, o.mem_cap_gib, rt);
             printf("longest context under %.2f GiB with these flags: %lld tokens (%.2fM)\n", o.mem_cap_gib,
                    (long long)longest, longest / 1048576.0);
         }
@@ -808,6 +898,7 @@ int train_main(int argc, char** argv) {
         if (o.nproc > 1 && launch.world > 1 && o.nproc != launch.world)
             usage_error("--nproc " + std::to_string(o.nproc) + " but the launcher started " +
                         std::to_string(launch.world) + " processes; under mpirun or srun leave --nproc out");
+        if (o.ladder) return print_ladder(o);
         if (o.nproc > 1 && launch.world == 1 && !o.plan) return launch_local(o.nproc, argv);
         return run(o, launch);
     } catch (const Fatal& f) {

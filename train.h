@@ -31,6 +31,7 @@ struct Options {
     int sim_world = 0;          // --sim-world: emulate rank 0 of this many GPUs
     double comm_timeout_s = 600;
     int stage = -1;             // --stage N
+    bool ladder = false;        // --ladder: the memory ladder, stage by stage
     std::string init_from;      // --init-from: a Hugging Face checkpoint (file or directory)
     std::string save_to;        // --save-to: write a Hugging Face checkpoint at the end
     std::string save_dtype = "bf16";
@@ -80,6 +81,22 @@ MemoryPlan plan_memory(const LlamaConfig& cfg, const Options& o, int64_t seq_len
 // The longest sequence (a multiple of `granularity` tokens) whose plan fits under cap_gib.
 int64_t longest_context(const LlamaConfig& cfg, const Options& o, double cap_gib, double runtime_gib,
                         int64_t granularity = 1024);
+
+// The ladder of DESIGN.md: stage k turns on the techniques of stages 1..k.
+void apply_stage(StepOptions& s, int stage);
+struct LadderRow {
+    int stage;
+    std::string flags;
+    bool available = true;          // false: not in this build
+    std::string refused;            // why the stage cannot run this shape (e.g. Ulysses divisibility)
+    double gib[MEM_NUM_CATEGORIES] = {};
+    double runtime_gib = 0, total_gib = 0, host_gib = 0;
+    bool fits = false;
+    int64_t longest = 0;            // the longest context that fits under the cap, tokens
+};
+// Planned memory per GPU of stages 0..6 for o's config, --seq-len, GPUs (--nproc/--sim-world)
+// and cap (--mem-cap-gib, default 80).
+std::vector<LadderRow> ladder_plan(const Options& o);
 
 // Learning rate at 0-based step: linear warmup to lr, then cosine to lr * min_lr_ratio.
 double lr_at(const Options& o, int step);

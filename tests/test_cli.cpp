@@ -292,3 +292,39 @@ TEST(Binary, TrainsAndReportsOutOfMemory) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Ladder, PlannedLadderReproducesTheTalksStory) {
+    Options o = parse({"--config", "llama3.1-8b", "--seq-len", "3M", "--sim-world", "8", "--ladder", "--plan"});
+    std::vector<LadderRow> rows = ladder_plan(o);
+    ASSERT_EQ(rows.size(), 7u);
+    for (int k = 0; k <= 4; k++) EXPECT_FALSE(rows[k].fits) << "stage " << k;  // OOM at 3M up to offload
+    EXPECT_TRUE(rows[5].fits);                                                // the ALST stack fits
+    EXPECT_FALSE(rows[6].available);                                          // --untied: not yet
+    for (int k = 1; k <= 5; k++) EXPECT_LT(rows[k].total_gib, rows[k - 1].total_gib) << "stage " << k;
+    EXPECT_NEAR(rows[1].gib[MEM_MODEL] * 8, rows[0].gib[MEM_MODEL], 0.01 * rows[0].gib[MEM_MODEL]);  // FSDP: /N
+    EXPECT_GT(rows[4].host_gib, 0);                                           // offload moves memory to the host
+    for (int k = 1; k <= 5; k++) EXPECT_GE(rows[k].longest, rows[k - 1].longest) << "stage " << k;
+    // Each row is the plan of that stage's flags.
+    Options s5 = parse({"--config", "llama3.1-8b", "--seq-len", "3M", "--sim-world", "8", "--stage", "5"});
+    MemoryPlan p = plan_memory(resolve_config(s5), s5, s5.seq_len);
+    EXPECT_NEAR(rows[5].total_gib, p.total_gib(runtime_estimate_gib(8)), 1e-9);
+}
+
+TEST(Ladder, RefusesWhatUlyssesCannotSplit) {
+    std::vector<LadderRow> rows = ladder_plan(parse({"--config", "tiny", "--seq-len", "1001", "--sim-world", "8"}));
+    EXPECT_TRUE(rows[1].refused.empty());
+    EXPECT_NE(rows[2].refused.find("not divisible"), std::string::npos) << rows[2].refused;
+}
+
+TEST(Binary, LadderPlanNeedsNoGpu) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    Result r = run_train("--ladder --plan --config llama3.2-3b --seq-len 3M --sim-world 8");
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("OOM, needs"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("fits"), std::string::npos) << r.output;
+    EXPECT_EQ(run_train("--ladder --config tiny").code, 2);  // the measured ladder is not there yet
+}
+
+}  // namespace
