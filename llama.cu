@@ -757,7 +757,7 @@ void model_declare_buffers(Model& m, Arena& A) {
     const int64_t att_slots = !m.keeps_att_output() ? 1 : (o.offload ? 2 : L);
     bf16* att = A.take<bf16>("attention output", MEM_ATTENTION, att_slots * T * QD);
     float* lse = A.take<float>("attention lse", MEM_ATTENTION, att_slots * lse_n);
-    const int64_t qkv_slots = m.keeps_attention() ? L : 1;
+    const int64_t qkv_slots = o.untied ? 0 : (m.keeps_attention() ? L : 1);  // untied: per chunk
     bf16* qkv = A.take<bf16>("qkv", MEM_ATTENTION, qkv_slots * S_rows * WH);  // [S, heads] = [T, QKV] without Ulysses
     const int64_t mid_slots = m.keeps_attention() ? L : 1, mid_rows = m.keeps_attention() ? T : W;
     bf16* x_mid = A.take<bf16>("x_mid (residual after attention)", MEM_OTHER, mid_slots * mid_rows * D);
@@ -777,7 +777,7 @@ void model_declare_buffers(Model& m, Arena& A) {
         int64_t as = att_slots == 1 ? 0 : (o.offload ? l % 2 : l);
         a.att = slot(att, as, T * QD);
         a.lse = slot(lse, as, lse_n);
-        a.qkv = slot(qkv, qkv_slots == 1 ? 0 : l, S_rows * WH);
+        a.qkv = qkv_slots == 0 ? nullptr : slot(qkv, qkv_slots == 1 ? 0 : l, S_rows * WH);
         a.x_mid = slot(x_mid, mid_slots == 1 ? 0 : l, mid_rows * D);
         int64_t ms = mlp_slots == 1 ? 0 : l;
         a.xn1 = slot(xn1, ms, W * D), a.rstd1 = slot(rstd1, ms, W);
@@ -795,10 +795,29 @@ void model_declare_buffers(Model& m, Arena& A) {
     // Backward. The residual gradient and the attention block's gradients span the sequence
     // (attention's backward needs all of it); the rest is per chunk.
     m.dres = A.take<bf16>("d residual", MEM_OTHER, T * D);
-    m.dqkv = sp > 1 ? nullptr : A.take<bf16>("d qkv", MEM_ATTENTION, T * QKV);  // Ulysses: shares a2a_send
+    m.dqkv = (sp > 1 || o.untied) ? nullptr : A.take<bf16>("d qkv", MEM_ATTENTION, T * QKV);  // Ulysses: shares a2a_send
     m.datt = A.take<bf16>("d attention output", MEM_ATTENTION, T * QD);
-    m.delta = A.take<float>("attention delta", MEM_ATTENTION, lse_n);
-    if (sp > 1) {  // Ulysses (ulysses.cu): the token-sharded side and the all-to-all staging
+    m.delta = o.untied ? nullptr : A.take<float>("attention delta", MEM_ATTENTION, lse_n);
+    if (o.untied) {  // Untied Ulysses (ulysses.cu): one head chunk's buffers, and the layer's input side
+        const int K = o.untied, kv = std::max(1, K / (c.n_heads / c.n_kv_heads));
+        const int64_t w = (int64_t)K * c.head_dim, kvw2 = 2LL * kv * c.head_dim;
+        m.untied_xn = A.take<bf16>("untied: normalized input", MEM_OTHER, T * D);
+        m.untied_rstd = A.take<float>("untied: rstd", MEM_OTHER, T);
+        m.untied_dxn = A.take<bf16>("untied: d normalized input", MEM_OTHER, T * D);
+        m.untied_q_send = A.take<bf16>("untied: q send (and d out, d q)", MEM_COMM, S_rows * w);
+        m.untied_o_recv = A.take<bf16>("untied: out / dq receive", MEM_COMM, S_rows * w);
+        m.untied_kv_send = A.take<bf16>("untied: k|v send (and dk|dv receive)", MEM_COMM, S_rows * kvw2);
+        m.untied_q = A.take<bf16>("untied: q, head-sharded", MEM_ATTENTION, S_rows * w);
+        m.untied_kv = A.take<bf16>("untied: k|v, head-sharded", MEM_ATTENTION, S_rows * kvw2);
+        m.untied_o = A.take<bf16>("untied: out / d out, head-sharded", MEM_ATTENTION, S_rows * w);
+        m.untied_dq = A.take<bf16>("untied: dq, head-sharded", MEM_ATTENTION, S_rows * w);
+        m.untied_dkv = A.take<bf16>("untied: dk|dv of the KV group", MEM_ATTENTION, S_rows * kvw2);
+        m.untied_dkv_tmp = A.take<bf16>("untied: dk|dv of the chunk", MEM_ATTENTION, S_rows * kvw2);
+        m.untied_delta = A.take<float>("untied: delta, token-sharded", MEM_ATTENTION, T * c.n_heads);
+        m.untied_delta_send = A.take<float>("untied: delta send", MEM_COMM, S_rows * K);
+        m.untied_delta_recv = A.take<float>("untied: delta receive", MEM_COMM, S_rows * K);
+        m.untied_delta_heads = A.take<float>("untied: delta, head-sharded", MEM_ATTENTION, S_rows * K);
+    } else if (sp > 1) {  // Ulysses (ulysses.cu): the token-sharded side and the all-to-all staging
         // Buffers whose lifetimes never overlap share memory: the projection output is packed
         // before anything is received; the head-sharded output is sent on before the head-sharded
         // output gradient arrives; d qkv is unpacked after the send buffer's last use.
@@ -980,14 +999,24 @@ static void attention_core_backward(Model& m, int l, cudaStream_t s) {
 }
 
 static void layer_forward(Model& m, int l, cudaStream_t s) {
-    FOR_EACH_CHUNK(m, t0, t1) attention_input_forward(m, l, t0, t1, s);
-    attention_core_forward(m, l, s);
+    if (m.opt.untied) {
+        untied_forward(m, l, s);  // norm, projections and attention, head chunk by head chunk
+    } else {
+        FOR_EACH_CHUNK(m, t0, t1) attention_input_forward(m, l, t0, t1, s);
+        attention_core_forward(m, l, s);
+    }
     if (m.offload && m.opt.selective) offload_save_attention(m, l, s);
     FOR_EACH_CHUNK(m, t0, t1) mlp_forward(m, l, t0, t1, s);  // Wo, residual, MLP, residual
 }
 
 // On entry m.dres holds d loss / d x_out of layer l; on exit d loss / d x_in.
 static void layer_backward(Model& m, int l, cudaStream_t s) {
+    if (m.opt.untied) {  // --ckpt is implied: rebuild the attention output unless it was kept
+        if (!m.keeps_att_output()) untied_forward(m, l, s);
+        FOR_EACH_CHUNK(m, t0, t1) mlp_backward(m, l, t0, t1, s);
+        untied_backward(m, l, s);
+        return;
+    }
     if (!m.keeps_attention()) {  // --ckpt: rebuild q, k, v from the block input ...
         FOR_EACH_CHUNK(m, t0, t1) attention_input_forward(m, l, t0, t1, s);
         if (!m.keeps_att_output()) attention_core_forward(m, l, s);  // ... and rerun attention

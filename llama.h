@@ -225,6 +225,7 @@ struct StepOptions {
     bool selective = false;          // --ckpt=selective: also keep attention output and lse
     bool offload = false;            // --offload: kept tensors in pinned host memory (needs ckpt)
     bool chunked = false;            // --chunked: MLP, element-wise work and loss in token chunks
+    int untied = 0;                  // --untied[=K]: attention in chunks of K query heads per GPU (0: off)
     int64_t chunk_tokens = 0;        // --chunk-tokens; 0: the hidden size (ALST's tile)
     int64_t loss_chunk_tokens = 0;   // 0: as many tokens as keep a chunk's logits near 1 GiB
 };
@@ -296,6 +297,14 @@ struct Model {
     bf16 *qkv_local = nullptr, *att_heads = nullptr, *datt_heads = nullptr, *dqkv_heads = nullptr;
     bf16 *a2a_send = nullptr, *a2a_recv = nullptr;
     float *delta_local = nullptr, *delta_send = nullptr, *delta_recv = nullptr;
+    // Untied Ulysses (--untied, ulysses.cu): one head chunk's buffers, reused by every chunk
+    bf16 *untied_xn = nullptr, *untied_dxn = nullptr;   // [T, D] normalized input, its gradient
+    float* untied_rstd = nullptr;
+    bf16 *untied_q_send = nullptr, *untied_q = nullptr, *untied_kv_send = nullptr, *untied_kv = nullptr;
+    bf16 *untied_o = nullptr, *untied_o_recv = nullptr, *untied_dq = nullptr, *untied_dkv = nullptr,
+         *untied_dkv_tmp = nullptr;
+    float *untied_delta = nullptr, *untied_delta_send = nullptr, *untied_delta_recv = nullptr,
+          *untied_delta_heads = nullptr;
     bf16 *dxn = nullptr, *dh13 = nullptr, *dact = nullptr;
     float *delta = nullptr, *norm_partial = nullptr, *reduce_scratch = nullptr;
     float *scalars = nullptr;  // [0] loss sum, [1] grad sum of squares, [2] clip scale
@@ -438,6 +447,11 @@ UlyssesHeads ulysses_heads(const LlamaConfig& c, int sp);
 // Rejects shapes Ulysses cannot split, with a message naming what does not divide.
 void ulysses_check(const LlamaConfig& c, const RunShape& shape);
 void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s);  // first part of the forward
+// Untied Ulysses: the attention block's input side and attention in head chunks (forward fills
+// att and lse; backward adds into dres and the gradients). Rejects K that do not fit the heads.
+void untied_check(const LlamaConfig& c, const RunShape& shape, int K);
+void untied_forward(Model& m, int l, cudaStream_t s);
+void untied_backward(Model& m, int l, cudaStream_t s);
 void ulysses_attention_forward(Model& m, int l, cudaStream_t s);
 void ulysses_attention_backward(Model& m, int l, cudaStream_t s);
 

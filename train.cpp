@@ -57,7 +57,8 @@ std::string usage_text() {
            "  --comm-timeout-s X   a step waiting longer than this on its peers ends the run (default 600)\n"
            "\n"
            "Memory techniques (the ladder of DESIGN.md; each computes the same loss and gradients)\n"
-           "  --stage N            turn on stages 1..N of the ladder: 1 --fsdp, 2 --ulysses, 3 --ckpt, 4 --offload, 5 --chunked\n"
+           "  --stage N            turn on stages 1..N of the ladder: 1 --fsdp, 2 --ulysses, 3 --ckpt, 4 --offload, 5 --chunked,\n"
+           "                       6 --untied\n"
            "  --ladder             with --plan: every stage's memory per GPU, fits or OOM, and longest context under the cap\n"
            "  --fsdp               shard parameters, gradients and AdamW states over the GPUs (per layer, gathered when used)\n"
            "  --ulysses            split one sequence over the GPUs; all-to-all to head-sharded attention and back\n"
@@ -65,6 +66,8 @@ std::string usage_text() {
            "                       the backward; =selective also keeps attention outputs (no attention rerun)\n"
            "  --offload            kept tensors live in pinned host memory, prefetched for the backward (implies --ckpt)\n"
            "  --chunked            MLP, element-wise ops and the LM head + loss in token chunks\n"
+           "  --untied[=K]         Untied Ulysses: attention in chunks of K query heads per GPU, one reused buffer set\n"
+           "                       (default K = 1; implies --ckpt)\n"
            "  --chunk-tokens N     tokens per chunk of a layer (default: the hidden size)\n"
            "  --loss-chunk-tokens N  tokens per chunk of the LM head and loss (default: logits near 1 GiB)\n"
            "\n"
@@ -189,6 +192,7 @@ Options parse_options(int argc, char** argv) {
             o.step.selective = has_value && value == "selective";
         } else if (arg == "--offload") flag_only(), o.step.offload = true;
         else if (arg == "--chunked") flag_only(), o.step.chunked = true;
+        else if (arg == "--untied") o.step.untied = has_value ? (int)parse_int(arg, value, 1, 1 << 16) : 1;
         else if (arg == "--chunk-tokens") o.step.chunk_tokens = parse_tokens(arg, need());
         else if (arg == "--loss-chunk-tokens") o.step.loss_chunk_tokens = parse_tokens(arg, need());
         else usage_error("unknown flag '" + std::string(argv[i]) + "' (see --help)");
@@ -198,12 +202,11 @@ Options parse_options(int argc, char** argv) {
     if (o.task == "copy" && o.seq_len < 4)
         usage_error("--task copy needs --seq-len of at least 4");
     if (o.seq_len > (int64_t)1 << 40) usage_error("--seq-len is beyond anything addressable");
-    if (o.stage >= 6) usage_error("--stage 6 needs --untied, which is not in this build yet");
     apply_stage(o.step, o.stage);
     if (o.ladder && !o.plan)
         usage_error("--ladder measures nothing yet: use --ladder --plan (the measured ladder is still to come)");
     if (o.nproc > 1 && o.sim_world > 1) usage_error("--nproc and --sim-world exclude each other");
-    if (o.step.offload) o.step.ckpt = true;  // offload moves what checkpointing keeps
+    if (o.step.offload || o.step.untied) o.step.ckpt = true;  // both work on what checkpointing keeps
     if (o.save_dtype != "bf16" && o.save_dtype != "fp32") usage_error("--save-dtype must be bf16 or fp32");
     if ((o.resume || o.checkpoint_every) && o.checkpoint_dir.empty())
         usage_error("--resume and --checkpoint-every need --checkpoint-dir");
@@ -280,6 +283,7 @@ void apply_stage(StepOptions& s, int stage) {
     if (stage >= 3) s.ckpt = true;
     if (stage >= 4) s.offload = true;
     if (stage >= 5) s.chunked = true;
+    if (stage >= 6 && !s.untied) s.untied = 1, s.ckpt = true;
 }
 
 std::vector<LadderRow> ladder_plan(const Options& base) {
@@ -293,11 +297,6 @@ std::vector<LadderRow> ladder_plan(const Options& base) {
         r.stage = k;
         r.flags = flags[k];
         r.runtime_gib = rt;
-        if (k == 6) {
-            r.available = false;
-            rows.push_back(r);
-            continue;
-        }
         Options o = base;
         o.step = StepOptions();
         o.step.chunk_tokens = base.step.chunk_tokens;
@@ -308,6 +307,7 @@ std::vector<LadderRow> ladder_plan(const Options& base) {
             sh.batch = o.batch, sh.seq = o.seq_len, sh.sp = world;
             try {
                 ulysses_check(cfg, sh);
+                untied_check(cfg, sh, o.step.untied);
             } catch (const Fatal& f) {
                 r.refused = f.what();
                 rows.push_back(r);
@@ -378,7 +378,7 @@ static std::string next_stage_hint(const Options& o) {
     struct Stage { const char* flag; bool on, available; };
     const Stage ladder[] = {{"--fsdp", o.step.fsdp, true},     {"--ulysses", o.step.ulysses, true},
                             {"--ckpt", o.step.ckpt, true},     {"--offload", o.step.offload, true},
-                            {"--chunked", o.step.chunked, true}, {"--untied", false, false}};
+                            {"--chunked", o.step.chunked, true}, {"--untied", o.step.untied > 0, true}};
     std::string missing;
     for (const Stage& st : ladder) {
         if (st.on) continue;
@@ -641,6 +641,7 @@ static int run(Options o, const Launch& launch) {
     m.shape.sp = o.step.ulysses ? world : 1;
     m.shape.sp_rank = o.step.ulysses ? rank : 0;
     ulysses_check(cfg, m.shape);
+    untied_check(cfg, m.shape, o.step.untied);
 
     Arena arena;  // dry run: the plan
     model_declare_buffers(m, arena);
@@ -656,7 +657,8 @@ static int run(Options o, const Launch& launch) {
                world, world > 1 ? "s" : "", simulated ? " simulated (--sim-world: this is rank 0's share)" : "",
                (long long)step_tokens, o.batch * dp, (long long)o.seq_len, (long long)m.shape.tokens(),
                model_step_flops(cfg, m.shape));
-        printf("techniques:%s%s%s%s%s%s\n", o.step.fsdp ? " fsdp" : "", o.step.ulysses ? " ulysses" : "",
+        printf("techniques:%s%s%s%s%s%s%s\n", o.step.fsdp ? " fsdp" : "", o.step.ulysses ? " ulysses" : "",
+           o.step.untied ? (" untied(" + std::to_string(o.step.untied) + ")").c_str() : "",
                o.step.ckpt ? (o.step.selective ? " ckpt(selective)" : " ckpt") : "", o.step.offload ? " offload" : "",
                o.step.chunked ? (" chunked(" + std::to_string(m.chunk_rows) + ", loss " + std::to_string(m.loss_rows) + ")").c_str() : "",
                (o.step.fsdp || o.step.ulysses || o.step.ckpt || o.step.chunked) ? "" : " none (stage 0)");

@@ -203,3 +203,240 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
     unpack_dqkv_kernel<<<blocks(g.T * g.QKV), 256, 0, s>>>(m.dqkv, m.a2a_recv, g);
     CUDA_CHECK_LAUNCH();
 }
+
+// =============================================================================================
+// Untied Ulysses (--untied[=K], ladder stage 6; the talk at 09:57; the UPipe method of the
+// Untied Ulysses paper, arXiv 2602.21196).
+//
+// Plain Ulysses materializes, for all of a GPU's heads at once and each spanning the whole
+// sequence, the projected q, k, v (token-sharded and head-sharded), the all-to-all staging and
+// the attention output. Untied Ulysses walks a GPU's share of query heads (Hq/N) in chunks of K
+// heads and reuses one small buffer set for every chunk:
+//
+//   for each chunk i (Hq / (N K) of them):
+//     q for chunk i of every destination GPU j: one GEMM each, written straight into j's send
+//       block [S/N, K d] (no pack), RoPE with global positions
+//     k, v only when the chunk starts a new KV group (heads are walked in GQA order, so each KV
+//       head crosses the network once per layer and direction)
+//     all-to-all -> q [S, K d], k, v [S, kv d]; attention; lse of the chunk kept
+//     all-to-all back, straight into the chunk's columns of the one attention output [S/N, Hq d]
+//
+// The backward repeats the chunks: it recomputes the projections, sends d out and delta for the
+// chunk, runs the attention backward, sends dq back at once, and sums dK, dV over the chunks of
+// a KV group before sending them back. Projection weight gradients and the gradient of the
+// normalized input accumulate chunk by chunk (GEMMs with beta = 1).
+//
+// Memory per GPU, one layer at a time (S tokens, N GPUs, d head dim, bf16; kv = KV heads per
+// chunk = max(1, K / group)):
+//   plain Ulysses: head-sharded qkv S (Hq + 2 Hkv) d / N, its token-sharded source and all-to-all
+//                  staging 2 x the same, head-sharded output and gradients 2 x S Hq d / N
+//   untied:        S d (3 K + 4 kv) for the chunk's q, out, dq, k|v, dk|dv (two), plus staging
+//                  2 S d (K + kv), plus the normalized input and its gradient 2 (S/N) D
+// so the attention working set falls by about (Hq/N) / K; with K = 1 and 8B on 8 GPUs (4 query
+// heads, 1 KV head per GPU) from about 14 S d to about 9 S d bytes... see results for measured
+// figures. The cost: Hq/(N K) all-to-alls instead of one, and projection GEMMs of K d columns.
+
+namespace {
+
+// How the heads of a GPU are walked. Chunk i of GPU j holds query heads
+// j Hq/N + i K .. + K - 1 and their KV heads (kv of them, starting at the first's group).
+struct UntiedPlan {
+    int sp, K, chunks, group, kv, q_per_gpu;
+    int64_t T, S, d, D;
+    int q_first(int j, int i) const { return j * q_per_gpu + i * K; }
+    int kv_first(int j, int i) const { return q_first(j, i) / group; }
+    // Whether chunk i starts a new KV group (the same for every GPU: see untied_check).
+    bool new_kv(int i) const { return i == 0 || (q_per_gpu >= group && (i * K) % group == 0); }
+    bool last_of_kv(int i) const { return i == chunks - 1 || new_kv(i + 1); }
+};
+
+UntiedPlan untied_plan(const Model& m) {
+    const LlamaConfig& c = m.cfg;
+    UntiedPlan p;
+    p.sp = m.shape.sp;
+    p.K = m.opt.untied;
+    p.q_per_gpu = c.n_heads / p.sp;
+    p.chunks = p.q_per_gpu / p.K;
+    p.group = c.n_heads / c.n_kv_heads;
+    p.kv = std::max(1, p.K / p.group);
+    p.T = m.shape.tokens();
+    p.S = p.T * p.sp;
+    p.d = c.head_dim;
+    p.D = c.dim;
+    return p;
+}
+
+// dst[t][col0 + j * stride + x] <-> src[j][t][x] for x < w: the chunk's columns of GPU j.
+template <class E>
+__global__ void blocks_to_strided_kernel(E* dst, const E* src, int64_t T, int sp, int64_t w, int64_t ld,
+                                         int64_t col0, int64_t stride) {
+    const int64_t n = (int64_t)sp * T * w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t x = i % w, t = (i / w) % T, j = i / (w * T);
+        dst[t * ld + col0 + j * stride + x] = src[i];
+    }
+}
+template <class E>
+__global__ void strided_to_blocks_kernel(E* dst, const E* src, int64_t T, int sp, int64_t w, int64_t ld,
+                                         int64_t col0, int64_t stride) {
+    const int64_t n = (int64_t)sp * T * w;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t x = i % w, t = (i / w) % T, j = i / (w * T);
+        dst[i] = src[t * ld + col0 + j * stride + x];
+    }
+}
+
+__global__ void add_bf16_kernel(bf16* acc, const bf16* x, int64_t n, bool first) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        acc[i] = first ? x[i] : __float2bfloat16(__bfloat162float(acc[i]) + __bfloat162float(x[i]));
+}
+
+void chunk_all_to_all(Model& m, const UntiedPlan& p, void* out, const void* in, int64_t n, DType t, cudaStream_t s);
+
+// Rows of the fused wqkv (and its gradient) that hold query head h, and KV head g's k and v.
+int64_t q_row(const LlamaConfig& c, int h) { return (int64_t)h * c.head_dim; }
+int64_t k_row(const LlamaConfig& c, int g) { return (int64_t)(c.n_heads + g) * c.head_dim; }
+int64_t v_row(const LlamaConfig& c, int g) { return (int64_t)(c.n_heads + c.n_kv_heads + g) * c.head_dim; }
+
+// q of chunk i for every destination, RoPE'd, in the send blocks; then to head-sharded.
+void untied_send_q(Model& m, const UntiedPlan& p, int l, int i, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t w = p.K * p.d;
+    const bf16* W = m.w(P_WQKV, l);
+    for (int j = 0; j < p.sp; j++) {
+        bf16* block = m.untied_q_send + (int64_t)j * p.T * w;
+        linear_forward(block, m.untied_xn, W + q_row(c, p.q_first(j, i)) * p.D, nullptr, p.T, p.D, w, s);
+        rope_apply(block, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, false, s);
+    }
+    chunk_all_to_all(m, p, m.untied_q, m.untied_q_send, p.T * w, DType::BF16, s);
+}
+
+// k | v of chunk i's KV heads for every destination; then to head-sharded.
+void untied_send_kv(Model& m, const UntiedPlan& p, int l, int i, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t kvw = p.kv * p.d, w = 2 * kvw;
+    const bf16* W = m.w(P_WQKV, l);
+    for (int j = 0; j < p.sp; j++) {
+        bf16* block = m.untied_kv_send + (int64_t)j * p.T * w;
+        const int g = p.kv_first(j, i);
+        gemm_rm(false, true, p.T, kvw, p.D, m.untied_xn, p.D, W + k_row(c, g) * p.D, p.D, block, w, false, 1.f, 0.f,
+                nullptr, s);
+        gemm_rm(false, true, p.T, kvw, p.D, m.untied_xn, p.D, W + v_row(c, g) * p.D, p.D, block + kvw, w, false, 1.f,
+                0.f, nullptr, s);
+        rope_apply(block, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, w, m.inv_freq, false, s);
+    }
+    chunk_all_to_all(m, p, m.untied_kv, m.untied_kv_send, p.T * w, DType::BF16, s);
+}
+
+AttentionShape chunk_shape(const UntiedPlan& p) { return {1, p.S, p.K, p.kv, (int)p.d}; }
+
+// The chunk's all-to-all among the GPUs that share the sequence; without Ulysses (one GPU per
+// sequence, data parallel or alone) it is a local copy, whatever the world is.
+void chunk_all_to_all(Model& m, const UntiedPlan& p, void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
+    if (p.sp > 1) return m.comm->all_to_all(out, in, n, t, s);
+    CUDA_CHECK(cudaMemcpyAsync(out, in, n * (t == DType::BF16 ? 2 : 4), cudaMemcpyDeviceToDevice, s));
+}
+
+}  // namespace
+
+void untied_check(const LlamaConfig& c, const RunShape& shape, int K) {
+    if (K <= 0) return;
+    const int sp = shape.sp, q = c.n_heads / sp, group = c.n_heads / c.n_kv_heads;
+    if (q % K)
+        usage_error("--untied=" + std::to_string(K) + ": each GPU's " + std::to_string(q) +
+                    " query heads do not split into chunks of " + std::to_string(K));
+    if (K % group && group % K)
+        usage_error("--untied=" + std::to_string(K) + ": chunks must hold whole GQA groups of " +
+                    std::to_string(group) + " query heads, or divide one");
+    if (q > group && q % group)
+        usage_error("--untied: each GPU's query heads must cover whole GQA groups");
+}
+
+void untied_forward(Model& m, int l, cudaStream_t s) {
+    const UntiedPlan p = untied_plan(m);
+    LayerActivations& a = m.layers[l];
+    const LlamaConfig& c = m.cfg;
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
+    rmsnorm_forward(m.untied_xn, m.untied_rstd, a.x_in, m.w(P_ATTN_NORM, l), p.T, c.dim, c.norm_eps, s);
+    for (int i = 0; i < p.chunks; i++) {
+        untied_send_q(m, p, l, i, s);
+        if (p.new_kv(i)) untied_send_kv(m, p, l, i, s);
+        AttentionForwardArgs fa{m.untied_q, m.untied_kv, m.untied_kv + kvw, w, 2 * kvw, 2 * kvw, m.untied_o, w,
+                                a.lse + (int64_t)i * p.K * p.S};
+        attention_forward(fa, chunk_shape(p), s);
+        // Back to token-sharded, into chunk i's columns of every GPU's share of the output.
+        chunk_all_to_all(m, p, m.untied_o_recv, m.untied_o, p.T * w, DType::BF16, s);
+        blocks_to_strided_kernel<bf16><<<blocks(p.sp * p.T * w), 256, 0, s>>>(
+            a.att, m.untied_o_recv, p.T, p.sp, w, c.q_dim(), (int64_t)i * w, (int64_t)p.q_per_gpu * p.d);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+// On entry m.datt holds d loss / d att (token-sharded) and a.att, a.lse the layer's forward.
+// Adds d loss / d x_in into m.dres and the projection and norm gradients into the unit.
+void untied_backward(Model& m, int l, cudaStream_t s) {
+    const UntiedPlan p = untied_plan(m);
+    LayerActivations& a = m.layers[l];
+    const LlamaConfig& c = m.cfg;
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d, Hq = c.n_heads;
+    const bf16* W = m.w(P_WQKV, l);
+    float* dW = m.g(P_WQKV, l);
+    if (m.keeps_att_output())  // selective: the forward did not run again, the norm did not either
+        rmsnorm_forward(m.untied_xn, m.untied_rstd, a.x_in, m.w(P_ATTN_NORM, l), p.T, c.dim, c.norm_eps, s);
+    // delta = rowsum(d out * out) per token and head, on the token-sharded side.
+    delta_kernel<<<(unsigned)((p.T * Hq + 7) / 8), 256, 0, s>>>(m.untied_delta, m.datt, a.att, p.T, (int)Hq, (int)p.d);
+    CUDA_CHECK_LAUNCH();
+    bool dxn_written = false;
+    auto add_dxn = [&](const bf16* dy, int64_t ld, const bf16* Wrows, int64_t rows) {  // dxn += dy Wrows
+        gemm_rm(false, false, p.T, p.D, rows, dy, ld, Wrows, p.D, m.untied_dxn, p.D, false, 1.f,
+                dxn_written ? 1.f : 0.f, m.untied_dxn, s);
+        dxn_written = true;
+    };
+    for (int i = 0; i < p.chunks; i++) {
+        untied_send_q(m, p, l, i, s);
+        if (p.new_kv(i)) untied_send_kv(m, p, l, i, s);
+        // d out and delta of the chunk, to head-sharded.
+        strided_to_blocks_kernel<bf16><<<blocks(p.sp * p.T * w), 256, 0, s>>>(
+            m.untied_q_send, m.datt, p.T, p.sp, w, c.q_dim(), (int64_t)i * w, (int64_t)p.q_per_gpu * p.d);
+        CUDA_CHECK_LAUNCH();
+        chunk_all_to_all(m, p, m.untied_o, m.untied_q_send, p.T * w, DType::BF16, s);  // d out [S, K d]
+        strided_to_blocks_kernel<float><<<blocks(p.sp * p.T * p.K), 256, 0, s>>>(
+            m.untied_delta_send, m.untied_delta, p.T, p.sp, p.K, Hq, (int64_t)i * p.K, p.q_per_gpu);
+        CUDA_CHECK_LAUNCH();
+        chunk_all_to_all(m, p, m.untied_delta_recv, m.untied_delta_send, p.T * p.K, DType::F32, s);
+        transpose_kernel<<<blocks(p.S * p.K), 256, 0, s>>>(m.untied_delta_heads, m.untied_delta_recv, p.S, p.K);
+        CUDA_CHECK_LAUNCH();
+        // Attention backward of the chunk; dK, dV summed over the chunks of a KV group.
+        AttentionBackwardArgs ba{m.untied_q, m.untied_kv, m.untied_kv + kvw, nullptr, m.untied_o, w, 2 * kvw, 2 * kvw,
+                                 0, w, a.lse + (int64_t)i * p.K * p.S, m.untied_dq, m.untied_dkv_tmp,
+                                 m.untied_dkv_tmp + kvw, w, 2 * kvw, 2 * kvw, m.untied_delta_heads};
+        attention_backward(ba, chunk_shape(p), s);
+        add_bf16_kernel<<<blocks(p.S * 2 * kvw), 256, 0, s>>>(m.untied_dkv, m.untied_dkv_tmp, p.S * 2 * kvw, p.new_kv(i));
+        CUDA_CHECK_LAUNCH();
+        // dq back to token-sharded at once: RoPE undone, weight gradient, input gradient.
+        chunk_all_to_all(m, p, m.untied_o_recv, m.untied_dq, p.T * w, DType::BF16, s);
+        for (int j = 0; j < p.sp; j++) {
+            bf16* dq = m.untied_o_recv + (int64_t)j * p.T * w;
+            rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s);
+            const int64_t r = q_row(c, p.q_first(j, i));
+            linear_backward_weight(dW + r * p.D, dq, m.untied_xn, p.T, p.D, w, s);
+            add_dxn(dq, w, W + r * p.D, w);
+        }
+        if (!p.last_of_kv(i)) continue;
+        // The KV group is complete: dk | dv back to token-sharded (replicated heads add up).
+        chunk_all_to_all(m, p, m.untied_kv_send, m.untied_dkv, p.T * 2 * kvw, DType::BF16, s);
+        for (int j = 0; j < p.sp; j++) {
+            bf16* dkv = m.untied_kv_send + (int64_t)j * p.T * 2 * kvw;
+            const int g = p.kv_first(j, i);
+            rope_apply(dkv, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, true, s);
+            for (int part = 0; part < 2; part++) {  // k, then v
+                const int64_t r = part == 0 ? k_row(c, g) : v_row(c, g);
+                gemm_rm(true, false, kvw, p.D, p.T, dkv + part * kvw, 2 * kvw, m.untied_xn, p.D, dW + r * p.D, p.D, true,
+                        1.f, 1.f, nullptr, s);
+                add_dxn(dkv + part * kvw, 2 * kvw, W + r * p.D, kvw);
+            }
+        }
+    }
+    rmsnorm_backward(m.dres, m.g(P_ATTN_NORM, l), m.untied_dxn, a.x_in, m.w(P_ATTN_NORM, l), m.untied_rstd, p.T, c.dim,
+                     true, m.norm_partial, s);
+}

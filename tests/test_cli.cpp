@@ -301,11 +301,11 @@ TEST(Ladder, PlannedLadderReproducesTheTalksStory) {
     ASSERT_EQ(rows.size(), 7u);
     for (int k = 0; k <= 4; k++) EXPECT_FALSE(rows[k].fits) << "stage " << k;  // OOM at 3M up to offload
     EXPECT_TRUE(rows[5].fits);                                                // the ALST stack fits
-    EXPECT_FALSE(rows[6].available);                                          // --untied: not yet
-    for (int k = 1; k <= 5; k++) EXPECT_LT(rows[k].total_gib, rows[k - 1].total_gib) << "stage " << k;
+    EXPECT_TRUE(rows[6].fits);                                                // and Untied Ulysses
+    for (int k = 1; k <= 6; k++) EXPECT_LT(rows[k].total_gib, rows[k - 1].total_gib) << "stage " << k;
     EXPECT_NEAR(rows[1].gib[MEM_MODEL] * 8, rows[0].gib[MEM_MODEL], 0.01 * rows[0].gib[MEM_MODEL]);  // FSDP: /N
     EXPECT_GT(rows[4].host_gib, 0);                                           // offload moves memory to the host
-    for (int k = 1; k <= 5; k++) EXPECT_GE(rows[k].longest, rows[k - 1].longest) << "stage " << k;
+    for (int k = 1; k <= 6; k++) EXPECT_GE(rows[k].longest, rows[k - 1].longest) << "stage " << k;
     // Each row is the plan of that stage's flags.
     Options s5 = parse({"--config", "llama3.1-8b", "--seq-len", "3M", "--sim-world", "8", "--stage", "5"});
     MemoryPlan p = plan_memory(resolve_config(s5), s5, s5.seq_len);
@@ -325,6 +325,44 @@ TEST(Binary, LadderPlanNeedsNoGpu) {
     EXPECT_NE(r.output.find("OOM, needs"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("fits"), std::string::npos) << r.output;
     EXPECT_EQ(run_train("--ladder --config tiny").code, 2);  // the measured ladder is not there yet
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Untied, ChunkSizesThatDoNotFitAreUsageErrors) {
+    LlamaConfig c8 = config_by_name("llama3.1-8b");  // 32 query heads, 8 KV heads: GQA groups of 4
+    RunShape sh;
+    sh.seq = 1 << 20, sh.sp = 8;                      // 4 query heads per GPU
+    for (int k : {1, 2, 4}) EXPECT_EQ(fatal_code([&] { untied_check(c8, sh, k); }), -1) << k;
+    EXPECT_EQ(fatal_code([&] { untied_check(c8, sh, 3); }), EXIT_USAGE);
+    EXPECT_EQ(fatal_code([&] { untied_check(c8, sh, 8); }), EXIT_USAGE);
+    LlamaConfig c3 = config_by_name("llama3.2-3b");   // 24 / 8: groups of 3, 3 query heads per GPU
+    EXPECT_EQ(fatal_code([&] { untied_check(c3, sh, 3); }), -1);
+    EXPECT_EQ(fatal_code([&] { untied_check(c3, sh, 2); }), EXIT_USAGE);
+    Options o = parse({"--untied=2"});
+    EXPECT_EQ(o.step.untied, 2);
+    EXPECT_TRUE(o.step.ckpt);  // implied
+    EXPECT_EQ(parse({"--stage", "6"}).step.untied, 1);
+    EXPECT_EQ(fatal_code([] { parse({"--untied=0"}); }), EXIT_USAGE);
+}
+
+// The untied attention working set shrinks with K, the rest stays.
+TEST(Untied, PlanShrinksWithSmallerChunks) {
+    Options o = parse({"--config", "llama3.1-8b", "--seq-len", "3M", "--sim-world", "8", "--stage", "5"});
+    LlamaConfig c = resolve_config(o);
+    double plain = plan_memory(c, o, o.seq_len).arena.category_bytes(MEM_ATTENTION);
+    double prev = 0;
+    for (int k : {4, 2, 1}) {
+        o.step.untied = k;
+        double att = plan_memory(c, o, o.seq_len).arena.category_bytes(MEM_ATTENTION);
+        if (prev > 0) {
+            EXPECT_LT(att, prev) << "K " << k;
+        }
+        prev = att;
+    }
+    EXPECT_LT(prev, 0.75 * plain);  // K = 1 against plain Ulysses
 }
 
 }  // namespace

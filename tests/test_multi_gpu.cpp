@@ -132,7 +132,9 @@ TEST(MultiGpu, UlyssesAndFsdpMatchOneGpu) {
         expect_same_as_one_gpu(common, "", {"--nproc 2 --ulysses", "--nproc 2 --ulysses --fsdp",
                                             "--nproc 2 --ulysses --ckpt=selective",
                                             "--nproc 2 --ulysses --fsdp --ckpt=selective --offload",
-                                            "--nproc 2 --stage 5 --chunk-tokens 56 --loss-chunk-tokens 72"});
+                                            "--nproc 2 --stage 5 --chunk-tokens 56 --loss-chunk-tokens 72",
+                                            "--nproc 2 --ulysses --untied", "--nproc 2 --ulysses --untied=2 --ckpt=selective",
+                                            "--nproc 2 --stage 6 --chunk-tokens 56"});
     }
 }
 
