@@ -65,6 +65,16 @@ test: all
 run: train
 	./train $(RUN_ARGS)
 
+# The memory ladder of the talk on one GPU emulating rank 0 of eight 80 GB GPUs: every stage
+# of both models at 3M and 5M tokens is planned at full depth and allocated (--steps 0: the
+# static plan's peak is reached at allocation), and each stage's longest context allocated;
+# JSON under results/. LADDER_ARGS adds steps where the GPU time is there (--steps 1 --measure-layers 2).
+LADDER_ARGS ?= --sim-world 8 --mem-cap-gib 80 --steps 0 --confirm-longest --task random
+ladder: train
+	@for cfg in llama3.2-3b llama3.1-8b; do for seq in 3M 5M; do \
+	  ./train --ladder --config $$cfg --seq-len $$seq $(LADDER_ARGS) --log results/ladder_$${cfg}_$${seq}.jsonl || exit 1; \
+	done; done
+
 # Attention TFLOP/s of our kernels, and PyTorch SDPA side by side where PyTorch is installed.
 bench: build/bench_attention
 	build/bench_attention
@@ -74,5 +84,5 @@ bench: build/bench_attention
 clean:
 	rm -rf build train
 
-.PHONY: all test run bench clean
+.PHONY: all test run bench ladder clean
 .SECONDARY:

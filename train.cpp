@@ -59,7 +59,11 @@ std::string usage_text() {
            "Memory techniques (the ladder of DESIGN.md; each computes the same loss and gradients)\n"
            "  --stage N            turn on stages 1..N of the ladder: 1 --fsdp, 2 --ulysses, 3 --ckpt, 4 --offload, 5 --chunked,\n"
            "                       6 --untied\n"
-           "  --ladder             with --plan: every stage's memory per GPU, fits or OOM, and longest context under the cap\n"
+           "  --ladder             every stage of the ladder: planned memory per GPU, fits or OOM, longest context under the\n"
+           "                       cap; without --plan each stage also runs (--steps steps, as a child process) and its\n"
+           "                       measured memory and step time are shown against the plan\n"
+           "  --measure-layers N   with --ladder: run the stages' steps with N layers (full depth is planned)\n"
+           "  --confirm-longest    with --ladder: allocate each stage's longest context (and see 1K more refused)\n"
            "  --fsdp               shard parameters, gradients and AdamW states over the GPUs (per layer, gathered when used)\n"
            "  --ulysses            split one sequence over the GPUs; all-to-all to head-sharded attention and back\n"
            "  --ckpt[=selective]   activation checkpointing: keep only block inputs and recompute each layer in\n"
@@ -185,6 +189,8 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--ulysses") flag_only(), o.step.ulysses = true;
         else if (arg == "--stage") o.stage = (int)parse_int(arg, need(), 0, 6);
         else if (arg == "--ladder") flag_only(), o.ladder = true;
+        else if (arg == "--measure-layers") o.measure_layers = (int)parse_int(arg, need(), 1, 100000);
+        else if (arg == "--confirm-longest") flag_only(), o.confirm_longest = true;
         else if (arg == "--ckpt") {
             if (has_value && value != "selective" && value != "full")
                 usage_error("--ckpt takes no value, or =selective, or =full; got '" + value + "'");
@@ -203,8 +209,8 @@ Options parse_options(int argc, char** argv) {
         usage_error("--task copy needs --seq-len of at least 4");
     if (o.seq_len > (int64_t)1 << 40) usage_error("--seq-len is beyond anything addressable");
     apply_stage(o.step, o.stage);
-    if (o.ladder && !o.plan)
-        usage_error("--ladder measures nothing yet: use --ladder --plan (the measured ladder is still to come)");
+    if ((o.measure_layers || o.confirm_longest) && !o.ladder)
+        usage_error("--measure-layers and --confirm-longest go with --ladder");
     if (o.nproc > 1 && o.sim_world > 1) usage_error("--nproc and --sim-world exclude each other");
     if (o.step.offload || o.step.untied) o.step.ckpt = true;  // both work on what checkpointing keeps
     if (o.save_dtype != "bf16" && o.save_dtype != "fp32") usage_error("--save-dtype must be bf16 or fp32");
@@ -323,6 +329,139 @@ std::vector<LadderRow> ladder_plan(const Options& base) {
         rows.push_back(r);
     }
     return rows;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The measured ladder: every stage is run by this same program in a child process (its own
+// CUDA context, its own NCCL), and what it allocated, how long its step took and how it failed
+// are read from its log and its exit code, then set against the plan.
+struct StageRun {
+    int code = -1;
+    std::string output, log;
+};
+
+static StageRun run_child(const std::vector<std::string>& args, const std::string& log_path) {
+    std::string cmd = "/proc/self/exe";
+    for (const std::string& a : args) cmd += " '" + a + "'";
+    if (!log_path.empty()) cmd += " --log '" + log_path + "'";
+    StageRun r;
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    if (!p) runtime_error("--ladder: cannot start a child run");
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+    int st = pclose(p);
+    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (!log_path.empty()) {
+        std::ifstream f(log_path);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        r.log = ss.str();
+        unlink(log_path.c_str());
+    }
+    return r;
+}
+
+// The number after "key": in the last line of `text` that has it (NAN if none).
+static double last_number(const std::string& text, const std::string& key) {
+    size_t p = text.rfind("\"" + key + "\": ");
+    return p == std::string::npos ? NAN : std::atof(text.c_str() + p + key.size() + 4);
+}
+
+// The flags of stage k, for a child run of `layers` layers at `seq` tokens.
+static std::vector<std::string> stage_args(const Options& o, int k, int layers, int64_t seq, int steps) {
+    std::vector<std::string> a = {"--config", o.config, "--layers", std::to_string(layers), "--seq-len",
+                                  std::to_string(seq), "--batch", std::to_string(o.batch), "--steps",
+                                  std::to_string(steps), "--task", o.task, "--seed", std::to_string(o.seed),
+                                  "--mem-cap-gib", std::to_string(o.mem_cap_gib > 0 ? o.mem_cap_gib : 80.0),
+                                  "--comm-timeout-s", std::to_string(o.comm_timeout_s)};
+    if (k > 0) a.push_back("--stage"), a.push_back(std::to_string(k));
+    if (o.sim_world > 1) a.push_back("--sim-world"), a.push_back(std::to_string(o.sim_world));
+    if (o.nproc > 1) a.push_back("--nproc"), a.push_back(std::to_string(o.nproc));
+    if (o.step.chunk_tokens) a.push_back("--chunk-tokens"), a.push_back(std::to_string(o.step.chunk_tokens));
+    if (o.step.loss_chunk_tokens)
+        a.push_back("--loss-chunk-tokens"), a.push_back(std::to_string(o.step.loss_chunk_tokens));
+    return a;
+}
+
+static int measure_ladder(const Options& o) {
+    const LlamaConfig cfg = resolve_config(o);
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        cudaGetLastError();
+        fprintf(stderr, "error: the measured ladder runs steps and needs a GPU; `--ladder --plan` needs none\n");
+        return EXIT_RUNTIME;
+    }
+    const int layers = o.measure_layers > 0 ? o.measure_layers : cfg.n_layers;
+    const double cap = o.mem_cap_gib > 0 ? o.mem_cap_gib : 80.0;
+    std::vector<LadderRow> full = ladder_plan(o);  // the config's depth: the ladder's verdicts
+    Options shallow = o;
+    shallow.layers = layers;
+    std::vector<LadderRow> at_depth = ladder_plan(shallow);  // what the child runs allocate
+    const std::string tmp = "/tmp/train_ladder_" + std::to_string(getpid()) + ".jsonl";
+    FILE* log = o.log_path.empty() ? nullptr : fopen(o.log_path.c_str(), "w");
+    printf("the memory ladder, measured: %s, %lld tokens per sequence, %s, cap %.0f GiB; steps run with %d of %d layers\n",
+           cfg.name.c_str(), (long long)o.seq_len,
+           o.sim_world > 1 ? ("rank 0 of " + std::to_string(o.sim_world) + " GPUs, emulated").c_str()
+                           : (std::to_string(std::max(1, o.nproc)) + " GPU(s)").c_str(),
+           cap, layers, cfg.n_layers);
+    printf("%-5s %-10s | %-22s | %9s %9s %7s %9s | %-26s\n", "stage", "adds", "full depth (plan)", "plan GiB",
+           "measured", "diff", "step s", "longest context (confirmed)");
+    for (size_t k = 0; k < full.size(); k++) {
+        const LadderRow &f = full[k], &d = at_depth[k];
+        if (!f.refused.empty()) {
+            printf("%-5zu %-10s | (%s)\n", k, f.flags.c_str(), f.refused.c_str());
+            continue;
+        }
+        char verdict[64];
+        snprintf(verdict, sizeof verdict, f.fits ? "fits %.1f GiB" : "OOM, needs %.1f GiB", f.total_gib);
+        // A step at the measurement depth, or the out-of-memory it must end in.
+        StageRun r = run_child(stage_args(o, (int)k, layers, o.seq_len, o.steps), tmp);
+        double planned = NAN, measured = NAN, step_s = NAN;
+        std::string outcome;
+        if (r.code == 0) {
+            double runtime = last_number(r.log, "runtime_gib");
+            planned = d.total_gib - d.runtime_gib + runtime;  // the plan with the measured runtime
+            measured = last_number(r.log, "driver_gib");      // after the last step, or allocation alone
+            step_s = o.steps > 0 ? last_number(r.log, "step_time_s") : NAN;
+        } else if (r.code == 3 && r.output.find("pinned host memory") != std::string::npos) {
+            outcome = "device fits; this machine lacks the pinned host memory";
+        } else if (r.code == 3) {
+            size_t p = r.output.find("the step needs ");
+            outcome = p == std::string::npos ? "OOM" : "OOM (needs " + r.output.substr(p + 15, r.output.find(" GiB", p) - p - 15) + " GiB)";
+        } else {
+            outcome = "failed (exit " + std::to_string(r.code) + ")";
+        }
+        // The longest context at full depth: the plan's, allocated (1K more must not be).
+        std::string longest = std::to_string(f.longest) + " planned";
+        if (f.longest > 0 && o.confirm_longest) {
+            StageRun a = run_child(stage_args(o, (int)k, cfg.n_layers, f.longest, 0), "");
+            StageRun b = run_child(stage_args(o, (int)k, cfg.n_layers, f.longest + 1024, 0), "");
+            if (a.code == 0 && b.code == 3) longest = std::to_string(f.longest) + " (allocated; +1K refused)";
+            else if (a.code == 3 && a.output.find("pinned host memory") != std::string::npos)
+                longest = std::to_string(f.longest) + " (device fits; this machine lacks the pinned host memory)";
+            else longest = std::to_string(f.longest) + " (not confirmed: exits " + std::to_string(a.code) + ", " +
+                           std::to_string(b.code) + ")";
+        }
+        char step[32] = "-";
+        if (std::isfinite(step_s)) snprintf(step, sizeof step, "%.3f", step_s);
+        if (r.code == 0)
+            printf("%-5zu %-10s | %-22s | %9.2f %9.2f %6.1f%% %9s | %s\n", k, f.flags.c_str(), verdict, planned, measured,
+                   100.0 * (measured - planned) / planned, step, longest.c_str());
+        else
+            printf("%-5zu %-10s | %-22s | %-37s | %s\n", k, f.flags.c_str(), verdict, outcome.c_str(), longest.c_str());
+        fflush(stdout);
+        if (log)
+            fprintf(log,
+                    "{\"type\": \"ladder_measured\", \"config\": \"%s\", \"seq_len\": %lld, \"stage\": %zu, \"adds\": \"%s\", "
+                    "\"measure_layers\": %d, \"layers\": %d, \"full_depth_plan_gib\": %.4f, \"fits\": %s, "
+                    "\"exit_code\": %d, \"plan_gib_at_measured_depth\": %.4f, \"driver_gib\": %.4f, \"step_time_s\": %.4f, "
+                    "\"longest_context\": %lld, \"longest_confirmed\": \"%s\"}\n",
+                    cfg.name.c_str(), (long long)o.seq_len, k, f.flags.c_str(), layers, cfg.n_layers, f.total_gib,
+                    f.fits ? "true" : "false", r.code, planned, measured, step_s, (long long)f.longest, longest.c_str());
+    }
+    if (log) fclose(log);
+    return EXIT_OK;
 }
 
 static int print_ladder(const Options& o) {
@@ -786,6 +925,12 @@ static int run(Options o, const Launch& launch) {
 
     // Every GPU draws the whole step's data (the same seed) and keeps its part: its sequences,
     // or under Ulysses its slice of the one sequence. Either way rank r's tokens start at r T.
+    if (log) {  // what the device holds once everything is allocated (the static plan's peak)
+        CUDA_CHECK(cudaDeviceSynchronize());
+        fprintf(log, "{\"type\": \"allocated\", \"memory_gib\": %s, \"runtime_gib\": %.4f, \"driver_gib\": %.4f}\n",
+                json_memory(arena, host_bytes).c_str(), dm.runtime_bytes / GiB, dm.driver_used_bytes() / GiB);
+        fflush(log);
+    }
     SyntheticData data(o.task, o.task_vocab, o.seed ^ 0x5eedda7aull);
     data.file = token_file.get();
     int first_step = 0;
@@ -900,7 +1045,7 @@ int train_main(int argc, char** argv) {
         if (o.nproc > 1 && launch.world > 1 && o.nproc != launch.world)
             usage_error("--nproc " + std::to_string(o.nproc) + " but the launcher started " +
                         std::to_string(launch.world) + " processes; under mpirun or srun leave --nproc out");
-        if (o.ladder) return print_ladder(o);
+        if (o.ladder) return o.plan ? print_ladder(o) : measure_ladder(o);
         if (o.nproc > 1 && launch.world == 1 && !o.plan) return launch_local(o.nproc, argv);
         return run(o, launch);
     } catch (const Fatal& f) {

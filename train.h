@@ -32,6 +32,8 @@ struct Options {
     double comm_timeout_s = 600;
     int stage = -1;             // --stage N
     bool ladder = false;        // --ladder: the memory ladder, stage by stage
+    int measure_layers = 0;     // --ladder: layers of the measured steps (0: the config's)
+    bool confirm_longest = false;  // --ladder: allocate each stage's longest context
     std::string init_from;      // --init-from: a Hugging Face checkpoint (file or directory)
     std::string save_to;        // --save-to: write a Hugging Face checkpoint at the end
     std::string save_dtype = "bf16";

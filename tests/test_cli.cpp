@@ -324,7 +324,27 @@ TEST(Binary, LadderPlanNeedsNoGpu) {
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("OOM, needs"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("fits"), std::string::npos) << r.output;
-    EXPECT_EQ(run_train("--ladder --config tiny").code, 2);  // the measured ladder is not there yet
+    if (!gpu_available()) {  // the measured ladder needs one
+        Result m = run_train("--ladder --config tiny");
+        EXPECT_EQ(m.code, 1) << m.output;
+        EXPECT_NE(m.output.find("needs a GPU"), std::string::npos) << m.output;
+    }
+}
+
+// The measured ladder (GPU): every stage runs, and what it allocates agrees with its plan.
+TEST(Binary, MeasuredLadderAgreesWithThePlan) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    REQUIRE_GPU();
+    Result r = run_train("--ladder --config tiny --seq-len 256 --steps 1 --sim-world 2 --task random");
+    EXPECT_EQ(r.code, 0) << r.output;
+    int rows = 0;
+    for (size_t p = 0; (p = r.output.find("%", p)) != std::string::npos; p++) {
+        size_t b = r.output.rfind(' ', p - 1);
+        double diff = std::atof(r.output.c_str() + b + 1);
+        EXPECT_LT(std::fabs(diff), 3.0) << r.output;
+        rows++;
+    }
+    EXPECT_EQ(rows, 7) << r.output;  // stages 0..6 all ran a step
 }
 
 }  // namespace
