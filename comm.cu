@@ -5,12 +5,12 @@
 //              others over a TCP socket: no shared filesystem, and the same code under
 //              ./train --nproc (rank 0 inherits a listening socket from the launcher), mpirun
 //              or srun (rank 0 listens on MASTER_PORT, the others connect to MASTER_ADDR).
-//   FakeComm   --sim-world N: this process is rank 0 of an N-GPU run. Every buffer has the size
+//   LocalComm  --sim-world N: this process is rank 0 of an N-GPU run. Every buffer has the size
 //              it has there and every kernel runs as there; a collective is replaced by a local
 //              copy of rank 0's own part (an all-gather copies its shard into its slot, an
 //              all-to-all keeps its send buffer). So memory per category is that of one GPU of
 //              the N-GPU run and the step time is its compute; the loss is meaningless.
-//   SingleComm one GPU: every collective is the identity.
+//              With N = 1 it is the single-GPU communicator: every collective is the identity.
 //
 // Memory: NCCL's own buffers are part of the runtime's share of the device. They are allocated
 // at initialization (NCCL_RUNTIME_CONNECT=0 unless the user sets it: by default NCCL connects
@@ -39,49 +39,35 @@
 static size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
 
 // =============================================================================================
-class SingleComm : public Comm {
+// One GPU (world 1), or rank 0 of an emulated world (--sim-world): every collective is a local
+// copy of this rank's own part. An all-gather puts its shard in its slot (the other slots keep
+// what they held), a reduce-scatter keeps its own contribution to its slot, an all-reduce sums
+// one value, and an all-to-all moves the same bytes as if every rank had sent what this one sends.
+class LocalComm : public Comm {
   public:
-    void all_gather(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
-        if (out != in) CUDA_CHECK(cudaMemcpyAsync(out, in, n * dtype_size(t), cudaMemcpyDeviceToDevice, s));
-    }
-    void reduce_scatter(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
-        if (out != in) CUDA_CHECK(cudaMemcpyAsync(out, in, n * dtype_size(t), cudaMemcpyDeviceToDevice, s));
-    }
-    void all_reduce(void*, int64_t, DType, cudaStream_t) override {}
-    void all_to_all(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
-        if (out != in) CUDA_CHECK(cudaMemcpyAsync(out, in, n * dtype_size(t), cudaMemcpyDeviceToDevice, s));
-    }
-    Comm* split() override { return new SingleComm(); }
-};
-
-Comm* comm_single() { return new SingleComm(); }
-
-// =============================================================================================
-class FakeComm : public Comm {
-  public:
-    explicit FakeComm(int w) {
+    explicit LocalComm(int w) {
         world = w;
         rank = 0;
-        simulated = true;
+        simulated = w > 1;
     }
-    // Rank 0's own shard lands in its slot; the other slots keep what they held.
-    void all_gather(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
-        if (out != in) CUDA_CHECK(cudaMemcpyAsync(out, in, n * dtype_size(t), cudaMemcpyDeviceToDevice, s));
-    }
-    // Rank 0's slot of its own contribution, as if the others had contributed nothing.
+    void all_gather(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override { copy(out, in, n, t, s); }
     void reduce_scatter(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
-        if (out != in) CUDA_CHECK(cudaMemcpyAsync(out, in, n * dtype_size(t), cudaMemcpyDeviceToDevice, s));
+        copy(out, in, n, t, s);
     }
     void all_reduce(void*, int64_t, DType, cudaStream_t) override {}
-    // As if every rank had sent what rank 0 sends: the same bytes are moved, locally.
     void all_to_all(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
-        if (out != in)
-            CUDA_CHECK(cudaMemcpyAsync(out, in, n * world * dtype_size(t), cudaMemcpyDeviceToDevice, s));
+        copy(out, in, n * world, t, s);
     }
-    Comm* split() override { return new FakeComm(world); }
+    Comm* split() override { return new LocalComm(world); }
+
+  private:
+    static void copy(void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
+        if (out != in) CUDA_CHECK(cudaMemcpyAsync(out, in, n * dtype_size(t), cudaMemcpyDeviceToDevice, s));
+    }
 };
 
-Comm* comm_fake(int world) { return new FakeComm(world); }
+Comm* comm_single() { return new LocalComm(1); }
+Comm* comm_fake(int world) { return new LocalComm(world); }
 
 // =============================================================================================
 static void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {

@@ -611,7 +611,6 @@ static void write_timeline(const std::string& path, const std::vector<TimelineEn
 
 struct Progress {  // per-layer progress with ETA, for long steps
     std::chrono::steady_clock::time_point start;
-    double expected_s;
     int layers;
     cudaStream_t stream;
     Model* model;
@@ -964,7 +963,7 @@ static int run(Options o, const Launch& launch) {
         int64_t n_valid = 0;
         for (int32_t t : all_targets) n_valid += t >= 0;
         model_set_batch(m, all_tokens.data() + rank * T, all_targets.data() + rank * T, stream, n_valid);
-        Progress prog{std::chrono::steady_clock::now(), last_step_s, cfg.n_layers, stream, &m};
+        Progress prog{std::chrono::steady_clock::now(), cfg.n_layers, stream, &m};
         bool show_progress = lead && last_step_s > 10.0;  // long steps show per-layer progress
         AdamW opt;
         opt.lr = (float)lr_at(o, step);

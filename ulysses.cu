@@ -117,21 +117,24 @@ __global__ void unpack_dqkv_kernel(bf16* dqkv, const bf16* recv, Geometry g) {
     }
 }
 
-// [T][sp * w] <-> [sp][T][w]: a row's column block j is GPU j's (heads, or head deltas).
+// dst[t][col0 + j * stride + x] <-> src[j][t][x] for x < w: GPU j's columns of a row of width ld
+// (plain Ulysses: its block of heads, col0 = 0, stride = w; Untied: chunk i's heads of GPU j).
 template <class E>
-__global__ void columns_to_blocks_kernel(E* blocks_out, const E* cols, int64_t T, int sp, int64_t w) {
+__global__ void blocks_to_strided_kernel(E* dst, const E* src, int64_t T, int sp, int64_t w, int64_t ld,
+                                         int64_t col0, int64_t stride) {
     const int64_t n = (int64_t)sp * T * w;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t x = i % w, t = (i / w) % T, j = i / (w * T);
-        blocks_out[i] = cols[t * sp * w + j * w + x];
+        dst[t * ld + col0 + j * stride + x] = src[i];
     }
 }
 template <class E>
-__global__ void blocks_to_columns_kernel(E* cols, const E* blocks_in, int64_t T, int sp, int64_t w) {
+__global__ void strided_to_blocks_kernel(E* dst, const E* src, int64_t T, int sp, int64_t w, int64_t ld,
+                                         int64_t col0, int64_t stride) {
     const int64_t n = (int64_t)sp * T * w;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t x = i % w, t = (i / w) % T, j = i / (w * T);
-        cols[t * sp * w + j * w + x] = blocks_in[i];
+        dst[i] = src[t * ld + col0 + j * stride + x];
     }
 }
 
@@ -174,7 +177,7 @@ void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
     attention_forward(fa, {1, S, g.q, g.kv, g.d}, s);
     // Head-sharded output -> token-sharded a.att [T, Hq d]: rows of GPU j's tokens go to GPU j.
     m.comm->all_to_all(m.a2a_recv, m.att_heads, g.T * qd, DType::BF16, s);
-    blocks_to_columns_kernel<bf16><<<blocks(g.sp * g.T * qd), 256, 0, s>>>(a.att, m.a2a_recv, g.T, g.sp, qd);
+    blocks_to_strided_kernel<bf16><<<blocks(g.sp * g.T * qd), 256, 0, s>>>(a.att, m.a2a_recv, g.T, g.sp, qd, g.sp * qd, 0, qd);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -185,10 +188,10 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
     // delta on the token-sharded side, then d out and delta to head-sharded.
     delta_kernel<<<(unsigned)((g.T * g.Hq + 7) / 8), 256, 0, s>>>(m.delta_local, m.datt, a.att, g.T, g.Hq, g.d);
     CUDA_CHECK_LAUNCH();
-    columns_to_blocks_kernel<bf16><<<blocks(g.sp * g.T * qd), 256, 0, s>>>(m.a2a_send, m.datt, g.T, g.sp, qd);
+    strided_to_blocks_kernel<bf16><<<blocks(g.sp * g.T * qd), 256, 0, s>>>(m.a2a_send, m.datt, g.T, g.sp, qd, g.sp * qd, 0, qd);
     CUDA_CHECK_LAUNCH();
     m.comm->all_to_all(m.datt_heads, m.a2a_send, g.T * qd, DType::BF16, s);
-    columns_to_blocks_kernel<float><<<blocks(g.T * g.Hq), 256, 0, s>>>(m.delta_send, m.delta_local, g.T, g.sp, g.q);
+    strided_to_blocks_kernel<float><<<blocks(g.T * g.Hq), 256, 0, s>>>(m.delta_send, m.delta_local, g.T, g.sp, g.q, g.Hq, 0, g.q);
     CUDA_CHECK_LAUNCH();
     m.comm->all_to_all(m.delta_recv, m.delta_send, g.T * g.q, DType::F32, s);
     transpose_kernel<<<blocks(S * g.q), 256, 0, s>>>(m.delta, m.delta_recv, S, g.q);
@@ -264,26 +267,6 @@ UntiedPlan untied_plan(const Model& m) {
     p.d = c.head_dim;
     p.D = c.dim;
     return p;
-}
-
-// dst[t][col0 + j * stride + x] <-> src[j][t][x] for x < w: the chunk's columns of GPU j.
-template <class E>
-__global__ void blocks_to_strided_kernel(E* dst, const E* src, int64_t T, int sp, int64_t w, int64_t ld,
-                                         int64_t col0, int64_t stride) {
-    const int64_t n = (int64_t)sp * T * w;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t x = i % w, t = (i / w) % T, j = i / (w * T);
-        dst[t * ld + col0 + j * stride + x] = src[i];
-    }
-}
-template <class E>
-__global__ void strided_to_blocks_kernel(E* dst, const E* src, int64_t T, int sp, int64_t w, int64_t ld,
-                                         int64_t col0, int64_t stride) {
-    const int64_t n = (int64_t)sp * T * w;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t x = i % w, t = (i / w) % T, j = i / (w * T);
-        dst[i] = src[t * ld + col0 + j * stride + x];
-    }
 }
 
 __global__ void add_bf16_kernel(bf16* acc, const bf16* x, int64_t n, bool first) {

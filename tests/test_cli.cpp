@@ -235,20 +235,8 @@ TEST(Flags, MemoryTechniques) {
 
 // ---------------------------------------------------------------------------------------------
 // The binary itself: exit codes and messages.
-struct Result {
-    int code;
-    std::string output;
-};
-Result run_train(const std::string& args) {
-    std::string cmd = "./train " + args + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    int st = pclose(p);
-    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Result = CommandResult;
+Result run_train(const std::string& args) { return run_command("./train " + args); }
 
 bool have_binary() { return std::ifstream("./train").good(); }
 

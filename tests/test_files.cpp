@@ -309,19 +309,8 @@ TEST(TokenFiles, WindowsComeFromTheFile) {
 
 // ---------------------------------------------------------------------------------------------
 // The binary: bad files are usage errors before any GPU work (so this runs on CI too).
-struct Result {
-    int code;
-    std::string output;
-};
-Result sh(const std::string& cmd) {
-    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    int st = pclose(p);
-    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Result = CommandResult;
+Result sh(const std::string& cmd) { return run_command(cmd); }
 bool have_train() { return std::ifstream("./train").good(); }
 
 TEST(Binary, BadInputFilesExitWithTwo) {

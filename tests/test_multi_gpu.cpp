@@ -34,20 +34,8 @@ int gpu_count() {
         if (!std::ifstream("./train").good()) GTEST_SKIP() << "./train not built";       \
     } while (0)
 
-struct Result {
-    int code;
-    std::string output;
-};
-
-Result sh(const std::string& cmd) {
-    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    int st = pclose(p);
-    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Result = CommandResult;
+Result sh(const std::string& cmd) { return run_command(cmd); }
 
 struct Dump {
     double loss = NAN;

@@ -2,6 +2,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
 
 #include <cmath>
 #include <cstdint>
@@ -53,4 +57,19 @@ inline std::vector<double> random_normal(int64_t n, std::mt19937_64& rng, double
     std::vector<double> v(n);
     for (auto& x : v) x = dist(rng);
     return v;
+}
+
+// Run a shell command; its exit code and everything it printed (stdout and stderr).
+struct CommandResult {
+    int code;
+    std::string output;
+};
+inline CommandResult run_command(const std::string& cmd) {
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    int st = p ? pclose(p) : -1;
+    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
