@@ -67,12 +67,16 @@ run: train
 
 # The memory ladder of the talk on one GPU emulating rank 0 of eight 80 GB GPUs: every stage
 # of both models at 3M and 5M tokens is planned at full depth and allocated (--steps 0: the
-# static plan's peak is reached at allocation), and each stage's longest context allocated;
-# JSON under results/. LADDER_ARGS adds steps where the GPU time is there (--steps 1 --measure-layers 2).
-LADDER_ARGS ?= --sim-world 8 --mem-cap-gib 80 --steps 0 --confirm-longest --task random
+# static plan's peak is reached at allocation); at 3M each stage's longest context is allocated
+# too, and 1K more refused. JSON under results/, with the commit (TRAIN_COMMIT; git's HEAD here).
+# LADDER_ARGS adds steps where the GPU time is there (--steps 1 --measure-layers 1).
+LADDER_ARGS ?= --sim-world 8 --mem-cap-gib 80 --steps 0 --task random
+LADDER_CONFIGS ?= llama3.2-3b llama3.1-8b
 ladder: train
-	@for cfg in llama3.2-3b llama3.1-8b; do for seq in 3M 5M; do \
-	  ./train --ladder --config $$cfg --seq-len $$seq $(LADDER_ARGS) --log results/ladder_$${cfg}_$${seq}.jsonl || exit 1; \
+	@export TRAIN_COMMIT=$${TRAIN_COMMIT:-$$(git rev-parse HEAD 2>/dev/null || echo unknown)}; \
+	for cfg in $(LADDER_CONFIGS); do for seq in 3M 5M; do \
+	  confirm=$$([ $$seq = 3M ] && echo --confirm-longest); \
+	  ./train --ladder --config $$cfg --seq-len $$seq $(LADDER_ARGS) $$confirm --log results/ladder_$${cfg}_$${seq}.jsonl || exit 1; \
 	done; done
 
 # Attention TFLOP/s of our kernels, and PyTorch SDPA side by side where PyTorch is installed.

@@ -136,6 +136,7 @@ struct Params {
     int n_heads, group;  // group = Hq / Hkv query heads per KV head
     float scale;         // 1 / sqrt(d)
     float scale_log2;    // scale * log2(e): exp(x * scale) = exp2(x * scale_log2)
+    bool accumulate_dkv; // dk, dv += (in fp32, stored bf16) instead of =
 };
 
 constexpr float LOG2E = 1.4426950408889634f;
@@ -394,10 +395,12 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(Params
         bf16* dkrow = p.dk + (tok0 + my_key[r]) * p.lddk + (int64_t)kvh * HD;
         bf16* dvrow = p.dv + (tok0 + my_key[r]) * p.lddv + (int64_t)kvh * HD;
         for (int dt = 0; dt < HD / 8; dt++) {
-            *(__nv_bfloat162*)(dkrow + dt * 8 + 2 * t) =
-                __floats2bfloat162_rn(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
-            *(__nv_bfloat162*)(dvrow + dt * 8 + 2 * t) =
-                __floats2bfloat162_rn(dv[dt][2 * r], dv[dt][2 * r + 1]);
+            __nv_bfloat162* dkp = (__nv_bfloat162*)(dkrow + dt * 8 + 2 * t);
+            __nv_bfloat162* dvp = (__nv_bfloat162*)(dvrow + dt * 8 + 2 * t);
+            float2 k0 = p.accumulate_dkv ? __bfloat1622float2(*dkp) : make_float2(0.f, 0.f);
+            float2 v0 = p.accumulate_dkv ? __bfloat1622float2(*dvp) : make_float2(0.f, 0.f);
+            *dkp = __floats2bfloat162_rn(k0.x + dk[dt][2 * r] * p.scale, k0.y + dk[dt][2 * r + 1] * p.scale);
+            *dvp = __floats2bfloat162_rn(v0.x + dv[dt][2 * r], v0.y + dv[dt][2 * r + 1]);
         }
     }
 }
@@ -589,6 +592,7 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh
     p.delta = a.delta;
     p.dq = a.dq, p.dk = a.dk, p.dv = a.dv;
     p.lddq = a.lddq, p.lddk = a.lddk, p.lddv = a.lddv;
+    p.accumulate_dkv = a.accumulate_dkv;
     if (sh.head_dim == 64) launch_backward<64>(p, sh, s);
     else launch_backward<128>(p, sh, s);
 }

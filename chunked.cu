@@ -104,8 +104,8 @@ void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     linear_backward_weight(m.g(P_W13, l), m.dh13, a.xn2, n, D, 2 * F, s);
     rmsnorm_backward(dres, m.g(P_MLP_NORM, l), m.dxn, x_mid, m.w(P_MLP_NORM, l), a.rstd2, n, D, true,
                      m.norm_partial, s);
-    // x_mid = x_in + att Wo^T
-    linear_backward_input(at(m.datt, t0, QD), dres, m.w(P_WO, l), n, QD, D, s);
+    // x_mid = x_in + att Wo^T. Untied Ulysses takes d att one head chunk at a time (ulysses.cu).
+    if (!m.opt.untied) linear_backward_input(at(m.datt, t0, QD), dres, m.w(P_WO, l), n, QD, D, s);
     linear_backward_weight(m.g(P_WO, l), dres, at(a.att, t0, QD), n, QD, D, s);
 }
 

@@ -739,6 +739,12 @@ void model_declare_buffers(Model& m, Arena& A) {
     m.chunk_rows = chunk_rows_for(c, o, T);
     m.loss_rows = loss_chunk_rows_for(c, o, T);
     const int64_t W = m.chunk_rows;
+    // Bytes that one layer's saved activations take in each category (--mem-trace): the
+    // buffers with a slot per layer below.
+    for (int64_t& b : m.saved_per_layer) b = 0;
+    auto per_layer = [&](MemCategory cat, int64_t slots, int64_t bytes_per_slot) {
+        if (slots >= L) m.saved_per_layer[cat] += bytes_per_slot;
+    };
 
     // Model states: 18 bytes per parameter, all of them or (--fsdp) this GPU's shards.
     const int64_t P = m.local_params = fsdp_local_params(c, o.fsdp, m.world);
@@ -762,6 +768,11 @@ void model_declare_buffers(Model& m, Arena& A) {
     const int64_t mid_slots = m.keeps_attention() ? L : 1, mid_rows = m.keeps_attention() ? T : W;
     bf16* x_mid = A.take<bf16>("x_mid (residual after attention)", MEM_OTHER, mid_slots * mid_rows * D);
     const int64_t mlp_slots = m.keeps_mlp() ? L : 1;  // rows W (= T when they are kept)
+    per_layer(MEM_OTHER, x_slots, T * D * 2);
+    per_layer(MEM_ATTENTION, att_slots, T * QD * 2 + lse_n * 4);
+    per_layer(MEM_ATTENTION, qkv_slots, S_rows * WH * 2);
+    per_layer(MEM_OTHER, mid_slots, mid_rows * D * 2);
+    per_layer(MEM_OTHER, mlp_slots, W * (2 * D * 2 + 2 * 4 + 3 * F * 2));
     bf16* xn1 = A.take<bf16>("xn1 (attention norm output)", MEM_OTHER, mlp_slots * W * D);
     float* rstd1 = A.take<float>("rstd1", MEM_OTHER, mlp_slots * W);
     bf16* xn2 = A.take<bf16>("xn2 (MLP norm output)", MEM_OTHER, mlp_slots * W * D);
@@ -796,7 +807,7 @@ void model_declare_buffers(Model& m, Arena& A) {
     // (attention's backward needs all of it); the rest is per chunk.
     m.dres = A.take<bf16>("d residual", MEM_OTHER, T * D);
     m.dqkv = (sp > 1 || o.untied) ? nullptr : A.take<bf16>("d qkv", MEM_ATTENTION, T * QKV);  // Ulysses: shares a2a_send
-    m.datt = A.take<bf16>("d attention output", MEM_ATTENTION, T * QD);
+    m.datt = o.untied ? nullptr : A.take<bf16>("d attention output", MEM_ATTENTION, T * QD);  // untied: per chunk
     m.delta = o.untied ? nullptr : A.take<float>("attention delta", MEM_ATTENTION, lse_n);
     if (o.untied) {  // Untied Ulysses (ulysses.cu): one head chunk's buffers, and the layer's input side
         const int K = o.untied, kv = std::max(1, K / (c.n_heads / c.n_kv_heads));
@@ -812,8 +823,6 @@ void model_declare_buffers(Model& m, Arena& A) {
         m.untied_o = A.take<bf16>("untied: out / d out, head-sharded", MEM_ATTENTION, S_rows * w);
         m.untied_dq = A.take<bf16>("untied: dq, head-sharded", MEM_ATTENTION, S_rows * w);
         m.untied_dkv = A.take<bf16>("untied: dk|dv of the KV group", MEM_ATTENTION, S_rows * kvw2);
-        m.untied_dkv_tmp = A.take<bf16>("untied: dk|dv of the chunk", MEM_ATTENTION, S_rows * kvw2);
-        m.untied_delta = A.take<float>("untied: delta, token-sharded", MEM_ATTENTION, T * c.n_heads);
         m.untied_delta_send = A.take<float>("untied: delta send", MEM_COMM, S_rows * K);
         m.untied_delta_recv = A.take<float>("untied: delta receive", MEM_COMM, S_rows * K);
         m.untied_delta_heads = A.take<float>("untied: delta, head-sharded", MEM_ATTENTION, S_rows * K);
@@ -870,7 +879,7 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     if (!m.comm_fsdp) m.comm_fsdp = m.comm->split();
     if (!m.comm_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
     m.progress.resize(2 * m.cfg.n_layers + 4);
-    for (auto& e : m.progress) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (auto& e : m.progress) CUDA_CHECK(cudaEventCreate(&e));  // timed: --mem-trace reads them
     CUDA_CHECK(cudaMallocHost(&m.host_scalars, 4 * sizeof(float)));
     fsdp_create(m);
 }
@@ -1039,10 +1048,11 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     fsdp_step_begin(m, s);  // zeroes the gradients
     if (m.offload) offload_step_begin(m, s);
     m.progress_recorded = 0;
-    auto progressed = [&]() {  // for the watchdog of model_sync
+    auto progressed = [&]() {  // for the watchdog of model_sync, and the times of --mem-trace
         if (m.progress_recorded < (int)m.progress.size())
             CUDA_CHECK(cudaEventRecord(m.progress[m.progress_recorded++], s));
     };
+    progressed();  // the step's start
 
     // Forward. Under --offload each block input is copied to the host once it is complete.
     fsdp_acquire(m, 0, s);
@@ -1094,6 +1104,35 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     fsdp_step_end(m, s);
     // The loss of the whole step: every GPU's sum (each already divided by the global count).
     if (m.world > 1) m.comm->all_reduce(m.scalars + 0, 1, DType::F32, s);
+}
+
+// --mem-trace. The arena is allocated once, so the device's total is flat by design; what
+// changes over a step is which of its bytes hold live data. Model states, communication slots and
+// workspace are live throughout; the per-layer saved activations (a slot per layer: residual
+// stream, and without checkpointing the attention and MLP activations) fill up over the forward
+// and empty over the backward, and so does the pinned host memory of --offload. Each point is
+// one progress event of the last step, timed on the GPU.
+std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena) {
+    const int L = m.cfg.n_layers;
+    const int64_t host = offload_host_bytes(m);
+    std::vector<MemTracePoint> pts;
+    auto add = [&](const char* point, int layer, int event, int held) {
+        if (event >= m.progress_recorded) return;
+        MemTracePoint p;
+        p.point = point, p.layer = layer;
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, m.progress[0], m.progress[event]));
+        p.t_ms = ms;
+        for (int c = 0; c < MEM_NUM_CATEGORIES; c++)
+            p.live[c] = arena.category_bytes(c) - (int64_t)(L - held) * m.saved_per_layer[c];
+        p.host = L > 1 ? host * std::min(held, L - 1) / (L - 1) : 0;
+        pts.push_back(p);
+    };
+    add("start", -1, 0, 0);
+    for (int l = 0; l < L; l++) add("fwd", l, 1 + l, l + 1);
+    add("head", -1, 1 + L, L);
+    for (int l = L - 1; l >= 0; l--) add("bwd", l, 2 + L + (L - 1 - l), l);
+    return pts;
 }
 
 void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s) {

@@ -198,6 +198,7 @@ struct AttentionBackwardArgs {
     bf16 *dq, *dk, *dv;
     int64_t lddq, lddk, lddv;
     float* delta;  // [B, Hq, S]: rowsum(dout * out), computed here unless out is nullptr
+    bool accumulate_dkv = false;  // dk, dv += this call's (Untied Ulysses sums a KV group's chunks)
 };
 void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
 void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh,
@@ -280,7 +281,8 @@ struct Model {
     // Watchdog: an event per layer and phase of the step; a wait resets its timeout whenever one
     // more has completed, so a long step is not a hung one. Host-pinned scalars: copies of them
     // are asynchronous, so every wait goes through the watchdog.
-    std::vector<cudaEvent_t> progress;
+    std::vector<cudaEvent_t> progress;  // start, each layer's forward, the head, each backward
+    int64_t saved_per_layer[MEM_NUM_CATEGORIES] = {};  // one layer's saved activations (--mem-trace)
     int progress_recorded = 0;
     float* host_scalars = nullptr;
     std::shared_ptr<Fsdp> fsdp;   // shards and slots (fsdp.cu)
@@ -301,10 +303,8 @@ struct Model {
     bf16 *untied_xn = nullptr, *untied_dxn = nullptr;   // [T, D] normalized input, its gradient
     float* untied_rstd = nullptr;
     bf16 *untied_q_send = nullptr, *untied_q = nullptr, *untied_kv_send = nullptr, *untied_kv = nullptr;
-    bf16 *untied_o = nullptr, *untied_o_recv = nullptr, *untied_dq = nullptr, *untied_dkv = nullptr,
-         *untied_dkv_tmp = nullptr;
-    float *untied_delta = nullptr, *untied_delta_send = nullptr, *untied_delta_recv = nullptr,
-          *untied_delta_heads = nullptr;
+    bf16 *untied_o = nullptr, *untied_o_recv = nullptr, *untied_dq = nullptr, *untied_dkv = nullptr;
+    float *untied_delta_send = nullptr, *untied_delta_recv = nullptr, *untied_delta_heads = nullptr;
     bf16 *dxn = nullptr, *dh13 = nullptr, *dact = nullptr;
     float *delta = nullptr, *norm_partial = nullptr, *reduce_scratch = nullptr;
     float *scalars = nullptr;  // [0] loss sum, [1] grad sum of squares, [2] clip scale
@@ -349,6 +349,16 @@ void model_init_weights(Model& m, uint64_t seed, cudaStream_t s);
 void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s,
                      int64_t n_valid = -1);
 // Forward and backward of one step. Returns nothing; the loss sum lands in m.scalars[0].
+// Live bytes per category over the last step, at its progress events (--mem-trace; llama.cu).
+struct MemTracePoint {
+    std::string point;  // start, fwd, head, bwd
+    int layer = -1;
+    double t_ms = 0;    // since the step's start, on the GPU
+    int64_t live[MEM_NUM_CATEGORIES] = {};
+    int64_t host = 0;   // pinned host memory holding offloaded activations
+};
+std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena);
+
 // progress (may be null) is called after each layer with (phase "fwd"/"bwd", layer index).
 typedef void (*ProgressFn)(void* ctx, const char* phase, int layer);
 void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress = nullptr,

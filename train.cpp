@@ -90,6 +90,7 @@ std::string usage_text() {
            "  --log FILE           write one JSON object per step (plus one for the setup) to FILE\n"
            "  --dump FILE          write the first step's loss and every gradient (whole, float32) to FILE\n"
            "  --timeline FILE      write the last step's event timeline (compute per layer, each copy) as JSON (with --offload)\n"
+           "  --mem-trace FILE     write live memory per category (and pinned host) over the last step, as JSON lines\n"
            "  --peak-tflops X      bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)\n"
            "  --help               this text\n"
            "\n"
@@ -174,6 +175,7 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--peak-tflops") o.peak_tflops = parse_double(arg, need(), 0.001, 1e6);
         else if (arg == "--log") o.log_path = need();
         else if (arg == "--timeline") o.timeline_path = need();
+        else if (arg == "--mem-trace") o.mem_trace_path = need();
         else if (arg == "--dump") o.dump_path = need();
         else if (arg == "--init-from") o.init_from = need();
         else if (arg == "--save-to") o.save_to = need();
@@ -219,6 +221,7 @@ Options parse_options(int argc, char** argv) {
     if ((o.step.chunk_tokens || o.step.loss_chunk_tokens) && !o.step.chunked)
         usage_error("--chunk-tokens and --loss-chunk-tokens need --chunked");
     if (!o.timeline_path.empty() && !o.step.offload) usage_error("--timeline needs --offload");
+    if (!o.mem_trace_path.empty() && o.steps < 1) usage_error("--mem-trace traces a step: it needs --steps 1 or more");
     return o;
 }
 
@@ -362,6 +365,8 @@ static StageRun run_child(const std::vector<std::string>& args, const std::strin
     return r;
 }
 
+static std::string json_escape(const std::string& s);
+
 // The number after "key": in the last line of `text` that has it (NAN if none).
 static double last_number(const std::string& text, const std::string& key) {
     size_t p = text.rfind("\"" + key + "\": ");
@@ -400,6 +405,21 @@ static int measure_ladder(const Options& o) {
     std::vector<LadderRow> at_depth = ladder_plan(shallow);  // what the child runs allocate
     const std::string tmp = "/tmp/train_ladder_" + std::to_string(getpid()) + ".jsonl";
     FILE* log = o.log_path.empty() ? nullptr : fopen(o.log_path.c_str(), "w");
+    if (!o.log_path.empty() && !log) usage_error("cannot write --log file '" + o.log_path + "'");
+    if (log) {  // what ran where: the command, the GPU, the commit (TRAIN_COMMIT, set by make ladder)
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+        std::string cmd;
+        for (auto& a : o.argv) cmd += (cmd.empty() ? "" : " ") + a;
+        const char* commit = getenv("TRAIN_COMMIT");
+        fprintf(log,
+                "{\"type\": \"ladder_run\", \"command\": \"%s\", \"gpu\": \"%s\", \"commit\": \"%s\", \"config\": \"%s\", "
+                "\"seq_len\": %lld, \"gpus\": %d, \"emulated\": %s, \"cap_gib\": %.1f, \"measure_layers\": %d, "
+                "\"layers\": %d, \"steps\": %d}\n",
+                json_escape(cmd).c_str(), prop.name, json_escape(commit && *commit ? commit : "unknown").c_str(),
+                cfg.name.c_str(), (long long)o.seq_len, std::max(o.nproc, std::max(o.sim_world, 1)),
+                o.sim_world > 1 ? "true" : "false", cap, layers, cfg.n_layers, o.steps);
+    }
     printf("the memory ladder, measured: %s, %lld tokens per sequence, %s, cap %.0f GiB; steps run with %d of %d layers\n",
            cfg.name.c_str(), (long long)o.seq_len,
            o.sim_world > 1 ? ("rank 0 of " + std::to_string(o.sim_world) + " GPUs, emulated").c_str()
@@ -411,6 +431,9 @@ static int measure_ladder(const Options& o) {
         const LadderRow &f = full[k], &d = at_depth[k];
         if (!f.refused.empty()) {
             printf("%-5zu %-10s | (%s)\n", k, f.flags.c_str(), f.refused.c_str());
+            if (log)
+                fprintf(log, "{\"type\": \"ladder_measured\", \"stage\": %zu, \"adds\": \"%s\", \"refused\": \"%s\"}\n", k,
+                        f.flags.c_str(), json_escape(f.refused).c_str());
             continue;
         }
         char verdict[64];
@@ -451,14 +474,22 @@ static int measure_ladder(const Options& o) {
         else
             printf("%-5zu %-10s | %-22s | %-37s | %s\n", k, f.flags.c_str(), verdict, outcome.c_str(), longest.c_str());
         fflush(stdout);
-        if (log)
+        if (log) {  // JSON has no NaN: what was not measured is null
+            auto num = [](double v) { return std::isfinite(v) ? std::to_string(v) : std::string("null"); };
             fprintf(log,
                     "{\"type\": \"ladder_measured\", \"config\": \"%s\", \"seq_len\": %lld, \"stage\": %zu, \"adds\": \"%s\", "
-                    "\"measure_layers\": %d, \"layers\": %d, \"full_depth_plan_gib\": %.4f, \"fits\": %s, "
-                    "\"exit_code\": %d, \"plan_gib_at_measured_depth\": %.4f, \"driver_gib\": %.4f, \"step_time_s\": %.4f, "
+                    "\"measure_layers\": %d, \"layers\": %d, \"memory_gib\": {\"model\": %.4f, \"attention\": %.4f, "
+                    "\"other\": %.4f, \"comm\": %.4f, \"workspace\": %.4f, \"runtime\": %.4f}, \"total_gib\": %.4f, "
+                    "\"full_depth_plan_gib\": %.4f, \"host_gib\": %.4f, \"fits\": %s, \"exit_code\": %d, \"outcome\": \"%s\", "
+                    "\"plan_gib_at_measured_depth\": %s, \"driver_gib\": %s, \"step_time_s\": %s, "
                     "\"longest_context\": %lld, \"longest_confirmed\": \"%s\"}\n",
-                    cfg.name.c_str(), (long long)o.seq_len, k, f.flags.c_str(), layers, cfg.n_layers, f.total_gib,
-                    f.fits ? "true" : "false", r.code, planned, measured, step_s, (long long)f.longest, longest.c_str());
+                    cfg.name.c_str(), (long long)o.seq_len, k, f.flags.c_str(), layers, cfg.n_layers, f.gib[MEM_MODEL],
+                    f.gib[MEM_ATTENTION], f.gib[MEM_OTHER], f.gib[MEM_COMM], f.gib[MEM_WORKSPACE], f.runtime_gib,
+                    f.total_gib, f.total_gib, f.host_gib, f.fits ? "true" : "false", r.code,
+                    json_escape(r.code == 0 ? "ran" : outcome).c_str(), num(planned).c_str(), num(measured).c_str(),
+                    num(step_s).c_str(), (long long)f.longest, json_escape(longest).c_str());
+            fflush(log);
+        }
     }
     if (log) fclose(log);
     return EXIT_OK;
@@ -606,6 +637,35 @@ static void write_timeline(const std::string& path, const std::vector<TimelineEn
                 tl[i].stream.c_str(), tl[i].what.c_str(), tl[i].layer, tl[i].start_ms, tl[i].end_ms,
                 i + 1 < tl.size() ? "," : "");
     fprintf(f, "]\n");
+    fclose(f);
+}
+
+// --mem-trace: one JSON line for the run, then one per progress event of the last step.
+static void write_mem_trace(const Options& o, const char* gpu, const Model& m, const Arena& arena,
+                            double driver_gib) {
+    FILE* f = fopen(o.mem_trace_path.c_str(), "w");
+    if (!f) usage_error("cannot write --mem-trace file '" + o.mem_trace_path + "'");
+    std::string cmd, flags;
+    for (auto& a : o.argv) cmd += (cmd.empty() ? "" : " ") + a;
+    const StepOptions& s = m.opt;
+    if (s.fsdp) flags += " --fsdp";
+    if (s.ulysses) flags += " --ulysses";
+    if (s.ckpt) flags += s.selective ? " --ckpt=selective" : " --ckpt";
+    if (s.offload) flags += " --offload";
+    if (s.chunked) flags += " --chunked";
+    if (s.untied) flags += " --untied=" + std::to_string(s.untied);
+    fprintf(f, "{\"type\": \"mem_trace_run\", \"command\": \"%s\", \"gpu\": \"%s\", \"config\": \"%s\", "
+               "\"layers\": %d, \"seq_len\": %lld, \"flags\": \"%s\"}\n",
+            json_escape(cmd).c_str(), gpu, m.cfg.name.c_str(), m.cfg.n_layers, (long long)o.seq_len,
+            flags.empty() ? "" : flags.c_str() + 1);
+    for (const MemTracePoint& p : model_memory_trace(m, arena)) {
+        fprintf(f, "{\"type\": \"mem_trace\", \"point\": \"%s\", \"layer\": %d, \"t_ms\": %.3f, \"live_gib\": {",
+                p.point.c_str(), p.layer, p.t_ms);
+        for (int c = 0; c < MEM_NUM_CATEGORIES; c++)
+            fprintf(f, "%s\"%s\": %.4f", c ? ", " : "", mem_category_name(c), p.live[c] / GiB);
+        fprintf(f, "}, \"host_gib\": %.4f, \"arena_gib\": %.4f, \"driver_gib\": %.4f}\n", p.host / GiB,
+                arena.total() / GiB, driver_gib);
+    }
     fclose(f);
 }
 
@@ -1018,6 +1078,7 @@ static int run(Options o, const Launch& launch) {
     }
     if (log) fclose(log);
     if (lead && !o.timeline_path.empty()) write_timeline(o.timeline_path, offload_timeline(m));
+    if (lead && !o.mem_trace_path.empty()) write_mem_trace(o, prop.name, m, arena, dm.driver_used_bytes() / GiB);
     if (!o.save_to.empty()) {
         save_hf_checkpoint(m, o.save_to, o.save_dtype == "bf16", stream);
         if (lead) printf("saved a Hugging Face checkpoint (%s) to %s\n", o.save_dtype.c_str(), o.save_to.c_str());

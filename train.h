@@ -44,6 +44,7 @@ struct Options {
     bool plan = false;
     bool help = false;
     std::string log_path;
+    std::string mem_trace_path; // --mem-trace: live memory per category over the last step
     std::vector<std::string> argv;  // the command line, for logs
 };
 

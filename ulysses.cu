@@ -138,23 +138,29 @@ __global__ void strided_to_blocks_kernel(E* dst, const E* src, int64_t T, int sp
     }
 }
 
-// delta[t][h] = sum over the head's d values of dout * out. One warp per (token, head).
-__global__ void delta_kernel(float* delta, const bf16* dout, const bf16* out, int64_t T, int H, int d) {
+// delta[t][h] = sum over the head's d values of dout * out (rows ld_dout, ld_out apart), H heads
+// from each row's start. One warp per (token, head).
+__global__ void delta_kernel(float* delta, const bf16* dout, int64_t ld_dout, const bf16* out, int64_t ld_out,
+                             int64_t T, int H, int d) {
     int64_t idx = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (idx >= T * H) return;
-    const int64_t base = (idx / H) * (int64_t)H * d + (idx % H) * (int64_t)d;
+    const int64_t t = idx / H, h = idx % H;
+    const bf16* a = dout + t * ld_dout + h * d;
+    const bf16* b = out + t * ld_out + h * d;
     float acc = 0.f;
-    for (int e = lane; e < d; e += 32) acc += __bfloat162float(dout[base + e]) * __bfloat162float(out[base + e]);
+    for (int e = lane; e < d; e += 32) acc += __bfloat162float(a[e]) * __bfloat162float(b[e]);
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) delta[idx] = acc;
 }
 
-// [S][q] -> [q][S]
-__global__ void transpose_kernel(float* out, const float* in, int64_t S, int q) {
-    const int64_t n = S * q;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[(i % q) * S + i / q] = in[i];
+// [B][S][q] -> [B][q][S]
+__global__ void transpose_kernel(float* out, const float* in, int64_t B, int64_t S, int q) {
+    const int64_t n = B * S * q;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t b = i / (S * q), t = (i / q) % S, h = i % q;
+        out[(b * q + h) * S + t] = in[i];
+    }
 }
 
 }  // namespace
@@ -186,7 +192,8 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
     LayerActivations& a = m.layers[l];
     const int64_t S = g.T * g.sp, qd = (int64_t)g.q * g.d;
     // delta on the token-sharded side, then d out and delta to head-sharded.
-    delta_kernel<<<(unsigned)((g.T * g.Hq + 7) / 8), 256, 0, s>>>(m.delta_local, m.datt, a.att, g.T, g.Hq, g.d);
+    delta_kernel<<<(unsigned)((g.T * g.Hq + 7) / 8), 256, 0, s>>>(m.delta_local, m.datt, (int64_t)g.Hq * g.d, a.att,
+                                                                  (int64_t)g.Hq * g.d, g.T, g.Hq, g.d);
     CUDA_CHECK_LAUNCH();
     strided_to_blocks_kernel<bf16><<<blocks(g.sp * g.T * qd), 256, 0, s>>>(m.a2a_send, m.datt, g.T, g.sp, qd, g.sp * qd, 0, qd);
     CUDA_CHECK_LAUNCH();
@@ -194,7 +201,7 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
     strided_to_blocks_kernel<float><<<blocks(g.T * g.Hq), 256, 0, s>>>(m.delta_send, m.delta_local, g.T, g.sp, g.q, g.Hq, 0, g.q);
     CUDA_CHECK_LAUNCH();
     m.comm->all_to_all(m.delta_recv, m.delta_send, g.T * g.q, DType::F32, s);
-    transpose_kernel<<<blocks(S * g.q), 256, 0, s>>>(m.delta, m.delta_recv, S, g.q);
+    transpose_kernel<<<blocks(S * g.q), 256, 0, s>>>(m.delta, m.delta_recv, 1, S, g.q);
     CUDA_CHECK_LAUNCH();
     // Attention backward on S tokens x H/N heads; out = nullptr: delta is given.
     const int64_t kvd = (int64_t)g.kv * g.d;
@@ -224,20 +231,28 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
 //     all-to-all -> q [S, K d], k, v [S, kv d]; attention; lse of the chunk kept
 //     all-to-all back, straight into the chunk's columns of the one attention output [S/N, Hq d]
 //
-// The backward repeats the chunks: it recomputes the projections, sends d out and delta for the
-// chunk, runs the attention backward, sends dq back at once, and sums dK, dV over the chunks of
-// a KV group before sending them back. Projection weight gradients and the gradient of the
-// normalized input accumulate chunk by chunk (GEMMs with beta = 1).
+// The backward repeats the chunks: it recomputes the projections, computes the chunk's d out
+// (dres times the chunk's columns of Wo) and delta straight into the send blocks, runs the
+// attention backward, sends dq back at once, and sums dK, dV over the chunks of a KV group in
+// place (the kernel adds to them) before sending them back. Projection weight gradients and the
+// gradient of the normalized input accumulate chunk by chunk (GEMMs with beta = 1).
 //
-// Memory per GPU, one layer at a time (S tokens, N GPUs, d head dim, bf16; kv = KV heads per
-// chunk = max(1, K / group)):
-//   plain Ulysses: head-sharded qkv S (Hq + 2 Hkv) d / N, its token-sharded source and all-to-all
-//                  staging 2 x the same, head-sharded output and gradients 2 x S Hq d / N
-//   untied:        S d (3 K + 4 kv) for the chunk's q, out, dq, k|v, dk|dv (two), plus staging
-//                  2 S d (K + kv), plus the normalized input and its gradient 2 (S/N) D
-// so the attention working set falls by about (Hq/N) / K; with K = 1 and 8B on 8 GPUs (4 query
-// heads, 1 KV head per GPU) from about 14 S d to about 9 S d bytes... see results for measured
-// figures. The cost: Hq/(N K) all-to-alls instead of one, and projection GEMMs of K d columns.
+// Memory per GPU (S tokens in the sequence, N GPUs, d head dim, q = Hq/N query heads and
+// kv' = max(1, Hkv/N) KV heads per GPU, K heads per chunk with kv = max(1, K/group) KV heads;
+// bf16 = 2 bytes; one layer's working set, since layers run one at a time under --ckpt):
+//   attention category
+//     plain:  2 S d (2 (q + 2 kv') + 3 q) + 8 S q   head-sharded qkv and its gradient, output
+//                                                   and d out (head-sharded), the token-sharded
+//                                                   output and its gradient, lse and delta
+//     untied: 2 S d (q + 3 K + 4 kv) + 4 S (q + K)  the token-sharded output (Wo's input), the
+//                                                   chunk's q, out/d out, dq, k|v, dk|dv; lse
+//   all-to-all staging (comm category)
+//     plain:  2 x 2 S d (q + 2 kv') (+ 12 S q for delta)
+//     untied: 2 S d (2 K + 2 kv) + 8 S K
+//   and untied keeps the normalized input and its gradient, 2 x 2 (S/N) D (other category).
+// Llama 3.1 8B on 8 GPUs (q = 4, kv' = 1), K = 1: the attention term falls from 48 S d to 22 S d
+// bytes (6.0 to 2.8 GiB at S = 1M; results/untied_sweep_*.json has the measured figures). The
+// cost: q/K all-to-alls per direction instead of one, and projection GEMMs of K d columns.
 
 namespace {
 
@@ -246,6 +261,7 @@ namespace {
 struct UntiedPlan {
     int sp, K, chunks, group, kv, q_per_gpu;
     int64_t T, S, d, D;
+    int64_t batch, seq;  // the attention's view: B sequences of seq tokens (B = 1 under Ulysses)
     int q_first(int j, int i) const { return j * q_per_gpu + i * K; }
     int kv_first(int j, int i) const { return q_first(j, i) / group; }
     // Whether chunk i starts a new KV group (the same for every GPU: see untied_check).
@@ -264,14 +280,11 @@ UntiedPlan untied_plan(const Model& m) {
     p.kv = std::max(1, p.K / p.group);
     p.T = m.shape.tokens();
     p.S = p.T * p.sp;
+    p.batch = m.shape.batch;
+    p.seq = m.shape.seq;
     p.d = c.head_dim;
     p.D = c.dim;
     return p;
-}
-
-__global__ void add_bf16_kernel(bf16* acc, const bf16* x, int64_t n, bool first) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        acc[i] = first ? x[i] : __float2bfloat16(__bfloat162float(acc[i]) + __bfloat162float(x[i]));
 }
 
 void chunk_all_to_all(Model& m, const UntiedPlan& p, void* out, const void* in, int64_t n, DType t, cudaStream_t s);
@@ -311,7 +324,8 @@ void untied_send_kv(Model& m, const UntiedPlan& p, int l, int i, cudaStream_t s)
     chunk_all_to_all(m, p, m.untied_kv, m.untied_kv_send, p.T * w, DType::BF16, s);
 }
 
-AttentionShape chunk_shape(const UntiedPlan& p) { return {1, p.S, p.K, p.kv, (int)p.d}; }
+// The S rows of a chunk are B whole sequences (one GPU: batch B; Ulysses: B = 1, all GPUs' rows).
+AttentionShape chunk_shape(const UntiedPlan& p) { return {(int)p.batch, p.seq, p.K, p.kv, (int)p.d}; }
 
 // The chunk's all-to-all among the GPUs that share the sequence; without Ulysses (one GPU per
 // sequence, data parallel or alone) it is a local copy, whatever the world is.
@@ -355,20 +369,19 @@ void untied_forward(Model& m, int l, cudaStream_t s) {
     }
 }
 
-// On entry m.datt holds d loss / d att (token-sharded) and a.att, a.lse the layer's forward.
-// Adds d loss / d x_in into m.dres and the projection and norm gradients into the unit.
+// On entry m.dres holds d loss / d x_mid (the MLP's backward is done; Wo's weight gradient too)
+// and a.att, a.lse the layer's forward. Adds d loss / d x_in into m.dres and the projection and
+// norm gradients into the unit.
 void untied_backward(Model& m, int l, cudaStream_t s) {
     const UntiedPlan p = untied_plan(m);
     LayerActivations& a = m.layers[l];
     const LlamaConfig& c = m.cfg;
-    const int64_t w = p.K * p.d, kvw = p.kv * p.d, Hq = c.n_heads;
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d, QD = c.q_dim();
     const bf16* W = m.w(P_WQKV, l);
+    const bf16* Wo = m.w(P_WO, l);
     float* dW = m.g(P_WQKV, l);
     if (m.keeps_att_output())  // selective: the forward did not run again, the norm did not either
         rmsnorm_forward(m.untied_xn, m.untied_rstd, a.x_in, m.w(P_ATTN_NORM, l), p.T, c.dim, c.norm_eps, s);
-    // delta = rowsum(d out * out) per token and head, on the token-sharded side.
-    delta_kernel<<<(unsigned)((p.T * Hq + 7) / 8), 256, 0, s>>>(m.untied_delta, m.datt, a.att, p.T, (int)Hq, (int)p.d);
-    CUDA_CHECK_LAUNCH();
     bool dxn_written = false;
     auto add_dxn = [&](const bf16* dy, int64_t ld, const bf16* Wrows, int64_t rows) {  // dxn += dy Wrows
         gemm_rm(false, false, p.T, p.D, rows, dy, ld, Wrows, p.D, m.untied_dxn, p.D, false, 1.f,
@@ -378,24 +391,27 @@ void untied_backward(Model& m, int l, cudaStream_t s) {
     for (int i = 0; i < p.chunks; i++) {
         untied_send_q(m, p, l, i, s);
         if (p.new_kv(i)) untied_send_kv(m, p, l, i, s);
-        // d out and delta of the chunk, to head-sharded.
-        strided_to_blocks_kernel<bf16><<<blocks(p.sp * p.T * w), 256, 0, s>>>(
-            m.untied_q_send, m.datt, p.T, p.sp, w, c.q_dim(), (int64_t)i * w, (int64_t)p.q_per_gpu * p.d);
-        CUDA_CHECK_LAUNCH();
+        // d out of the chunk for every destination, straight into its send block: dres times the
+        // chunk's columns of Wo (Wo's input gradient, one head chunk at a time, so no full-width
+        // d out is kept), and delta = rowsum(d out * out) beside it, on the token-sharded side.
+        for (int j = 0; j < p.sp; j++) {
+            bf16* dout = m.untied_q_send + (int64_t)j * p.T * w;
+            const int64_t col = q_row(c, p.q_first(j, i));  // the chunk's first column of att and Wo
+            gemm_rm(false, false, p.T, w, p.D, m.dres, p.D, Wo + col, QD, dout, w, false, 1.f, 0.f, nullptr, s);
+            delta_kernel<<<(unsigned)((p.T * p.K + 7) / 8), 256, 0, s>>>(m.untied_delta_send + (int64_t)j * p.T * p.K,
+                                                                        dout, w, a.att + col, QD, p.T, p.K, (int)p.d);
+            CUDA_CHECK_LAUNCH();
+        }
         chunk_all_to_all(m, p, m.untied_o, m.untied_q_send, p.T * w, DType::BF16, s);  // d out [S, K d]
-        strided_to_blocks_kernel<float><<<blocks(p.sp * p.T * p.K), 256, 0, s>>>(
-            m.untied_delta_send, m.untied_delta, p.T, p.sp, p.K, Hq, (int64_t)i * p.K, p.q_per_gpu);
-        CUDA_CHECK_LAUNCH();
         chunk_all_to_all(m, p, m.untied_delta_recv, m.untied_delta_send, p.T * p.K, DType::F32, s);
-        transpose_kernel<<<blocks(p.S * p.K), 256, 0, s>>>(m.untied_delta_heads, m.untied_delta_recv, p.S, p.K);
+        transpose_kernel<<<blocks(p.S * p.K), 256, 0, s>>>(m.untied_delta_heads, m.untied_delta_recv, p.batch, p.seq, p.K);
         CUDA_CHECK_LAUNCH();
-        // Attention backward of the chunk; dK, dV summed over the chunks of a KV group.
+        // Attention backward of the chunk; dK, dV summed over the chunks of a KV group in place.
         AttentionBackwardArgs ba{m.untied_q, m.untied_kv, m.untied_kv + kvw, nullptr, m.untied_o, w, 2 * kvw, 2 * kvw,
-                                 0, w, a.lse + (int64_t)i * p.K * p.S, m.untied_dq, m.untied_dkv_tmp,
-                                 m.untied_dkv_tmp + kvw, w, 2 * kvw, 2 * kvw, m.untied_delta_heads};
+                                 0, w, a.lse + (int64_t)i * p.K * p.S, m.untied_dq, m.untied_dkv,
+                                 m.untied_dkv + kvw, w, 2 * kvw, 2 * kvw, m.untied_delta_heads};
+        ba.accumulate_dkv = !p.new_kv(i);
         attention_backward(ba, chunk_shape(p), s);
-        add_bf16_kernel<<<blocks(p.S * 2 * kvw), 256, 0, s>>>(m.untied_dkv, m.untied_dkv_tmp, p.S * 2 * kvw, p.new_kv(i));
-        CUDA_CHECK_LAUNCH();
         // dq back to token-sharded at once: RoPE undone, weight gradient, input gradient.
         chunk_all_to_all(m, p, m.untied_o_recv, m.untied_dq, p.T * w, DType::BF16, s);
         for (int j = 0; j < p.sp; j++) {

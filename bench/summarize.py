@@ -31,10 +31,10 @@ def main():
         mem = steps[-1]["memory_gib"]
         rows.append(
             f"| {label} | {t:.3f} | {tok:,.0f} | {tf:.1f} | {mem['model']:.2f} | {mem['attention']:.2f} | "
-            f"{mem['other']:.2f} | {steps[-1]['driver_gib']:.2f} | {mem.get('host_pinned', 0):.2f} | "
+            f"{mem['other']:.2f} | {mem.get('comm', 0):.2f} | {steps[-1]['driver_gib']:.2f} | {mem.get('host_pinned', 0):.2f} | "
             f"{steps[-1]['host_gib']:.2f} | {steps[-1]['loss']:.4f} |")
-    print("| run | step s | tokens/s | TFLOP/s | model GiB | attention GiB | other GiB | driver GiB | pinned GiB | host RSS GiB | last loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | step s | tokens/s | TFLOP/s | model GiB | attention GiB | other GiB | comm GiB | driver GiB | pinned GiB | host RSS GiB | last loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 

@@ -75,6 +75,18 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     EXPECT_LT(rel_error_or_abs(columns(dqkv_h, T, in.ld, 0, in.qd), dq_ref, 1.0), TOL_BF16);
     EXPECT_LT(rel_error_or_abs(columns(dqkv_h, T, in.ld, in.qd, in.kd), dk_ref, 1.0), TOL_BF16);
     EXPECT_LT(rel_error(columns(dqkv_h, T, in.ld, in.qd + in.kd, in.kd), dv_ref), TOL_BF16);
+
+    // accumulate_dkv (Untied Ulysses sums a KV group's head chunks in place): a second backward
+    // adds its dk, dv to the first's, and dq is still written, not added.
+    ba.accumulate_dkv = true;
+    attention_backward(ba, sh, 0);
+    auto twice = download(dqkv.ptr, T * in.ld);
+    std::vector<double> dk2(dk_ref), dv2(dv_ref);
+    for (double& x : dk2) x *= 2;
+    for (double& x : dv2) x *= 2;
+    EXPECT_LT(rel_error_or_abs(columns(twice, T, in.ld, 0, in.qd), dq_ref, 1.0), TOL_BF16);
+    EXPECT_LT(rel_error_or_abs(columns(twice, T, in.ld, in.qd, in.kd), dk2, 1.0), TOL_BF16);
+    EXPECT_LT(rel_error(columns(twice, T, in.ld, in.qd + in.kd, in.kd), dv2), TOL_BF16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCases,
