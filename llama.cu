@@ -812,8 +812,6 @@ void model_declare_buffers(Model& m, Arena& A) {
     if (o.untied) {  // Untied Ulysses (ulysses.cu): one head chunk's buffers, and the layer's input side
         const int K = o.untied, kv = std::max(1, K / (c.n_heads / c.n_kv_heads));
         const int64_t w = (int64_t)K * c.head_dim, kvw2 = 2LL * kv * c.head_dim;
-        m.untied_xn = A.take<bf16>("untied: normalized input", MEM_OTHER, T * D);
-        m.untied_rstd = A.take<float>("untied: rstd", MEM_OTHER, T);
         m.untied_dxn = A.take<bf16>("untied: d normalized input", MEM_OTHER, T * D);
         m.untied_q_send = A.take<bf16>("untied: q send (and d out, d q)", MEM_COMM, S_rows * w);
         m.untied_o_recv = A.take<bf16>("untied: out / dq receive", MEM_COMM, S_rows * w);

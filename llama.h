@@ -300,8 +300,7 @@ struct Model {
     bf16 *a2a_send = nullptr, *a2a_recv = nullptr;
     float *delta_local = nullptr, *delta_send = nullptr, *delta_recv = nullptr;
     // Untied Ulysses (--untied, ulysses.cu): one head chunk's buffers, reused by every chunk
-    bf16 *untied_xn = nullptr, *untied_dxn = nullptr;   // [T, D] normalized input, its gradient
-    float* untied_rstd = nullptr;
+    bf16* untied_dxn = nullptr;  // [T, D] gradient of the normalized input (the input is recomputed per chunk)
     bf16 *untied_q_send = nullptr, *untied_q = nullptr, *untied_kv_send = nullptr, *untied_kv = nullptr;
     bf16 *untied_o = nullptr, *untied_o_recv = nullptr, *untied_dq = nullptr, *untied_dkv = nullptr;
     float *untied_delta_send = nullptr, *untied_delta_recv = nullptr, *untied_delta_heads = nullptr;

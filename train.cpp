@@ -344,7 +344,13 @@ struct StageRun {
 };
 
 static StageRun run_child(const std::vector<std::string>& args, const std::string& log_path) {
-    std::string cmd = "/proc/self/exe";
+    // This program's own path: /proc/self/exe read here, since inside popen's shell it would
+    // name the shell.
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) runtime_error("--ladder: cannot find this program's path (/proc/self/exe)");
+    self[len] = 0;
+    std::string cmd = "'" + std::string(self) + "'";
     for (const std::string& a : args) cmd += " '" + a + "'";
     if (!log_path.empty()) cmd += " --log '" + log_path + "'";
     StageRun r;

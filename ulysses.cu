@@ -249,7 +249,8 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
 //   all-to-all staging (comm category)
 //     plain:  2 x 2 S d (q + 2 kv') (+ 12 S q for delta)
 //     untied: 2 S d (2 K + 2 kv) + 8 S K
-//   and untied keeps the normalized input and its gradient, 2 x 2 (S/N) D (other category).
+//   and untied keeps the gradient of the normalized input, 2 (S/N) D (other category; the
+//   input itself is recomputed a token chunk at a time wherever a projection needs it).
 // Llama 3.1 8B on 8 GPUs (q = 4, kv' = 1), K = 1: the attention term falls from 48 S d to 22 S d
 // bytes (6.0 to 2.8 GiB at S = 1M; results/untied_sweep_*.json has the measured figures). The
 // cost: q/K all-to-alls per direction instead of one, and projection GEMMs of K d columns.
@@ -294,37 +295,51 @@ int64_t q_row(const LlamaConfig& c, int h) { return (int64_t)h * c.head_dim; }
 int64_t k_row(const LlamaConfig& c, int g) { return (int64_t)(c.n_heads + g) * c.head_dim; }
 int64_t v_row(const LlamaConfig& c, int g) { return (int64_t)(c.n_heads + c.n_kv_heads + g) * c.head_dim; }
 
-// q of chunk i for every destination, RoPE'd, in the send blocks; then to head-sharded.
-void untied_send_q(Model& m, const UntiedPlan& p, int l, int i, cudaStream_t s) {
+// The layer's normalized input, token chunk by token chunk (m.chunk_rows rows at a time, into
+// the attention-norm chunk buffer xn1 / rstd1, which Untied Ulysses does not otherwise use): no
+// full-width copy of it is kept. Calls f(t0, n, xn) for each chunk.
+template <class F>
+void for_each_normalized_chunk(Model& m, int l, F f, cudaStream_t s) {
+    const LayerActivations& a = m.layers[l];
+    const int64_t T = m.shape.tokens(), D = m.cfg.dim;
+    for (int64_t t0 = 0; t0 < T; t0 += m.chunk_rows) {
+        const int64_t n = std::min(m.chunk_rows, T - t0);
+        rmsnorm_forward(a.xn1, a.rstd1, a.x_in + t0 * D, m.w(P_ATTN_NORM, l), n, (int)D, m.cfg.norm_eps, s);
+        f(t0, n, a.xn1);
+    }
+}
+
+// q of chunk i for every destination (and k | v of its KV heads when the chunk starts a new KV
+// group), projected straight into the send blocks, RoPE'd; then to head-sharded.
+void untied_project(Model& m, const UntiedPlan& p, int l, int i, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
-    const int64_t w = p.K * p.d;
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
+    const bool kv = p.new_kv(i);
     const bf16* W = m.w(P_WQKV, l);
+    for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
+        for (int j = 0; j < p.sp; j++) {
+            bf16* q = m.untied_q_send + (int64_t)j * p.T * w + t0 * w;
+            linear_forward(q, xn, W + q_row(c, p.q_first(j, i)) * p.D, nullptr, n, p.D, w, s);
+            if (!kv) continue;
+            bf16* k = m.untied_kv_send + (int64_t)j * p.T * 2 * kvw + t0 * 2 * kvw;
+            const int g = p.kv_first(j, i);
+            gemm_rm(false, true, n, kvw, p.D, xn, p.D, W + k_row(c, g) * p.D, p.D, k, 2 * kvw, false, 1.f, 0.f,
+                    nullptr, s);
+            gemm_rm(false, true, n, kvw, p.D, xn, p.D, W + v_row(c, g) * p.D, p.D, k + kvw, 2 * kvw, false, 1.f, 0.f,
+                    nullptr, s);
+        }
+    }, s);
     for (int j = 0; j < p.sp; j++) {
-        bf16* block = m.untied_q_send + (int64_t)j * p.T * w;
-        linear_forward(block, m.untied_xn, W + q_row(c, p.q_first(j, i)) * p.D, nullptr, p.T, p.D, w, s);
-        rope_apply(block, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, false, s);
+        rope_apply(m.untied_q_send + (int64_t)j * p.T * w, p.T, 0, m.shape.seq, m.shape.first_position(), p.K,
+                   (int)p.d, w, m.inv_freq, false, s);
+        if (kv)
+            rope_apply(m.untied_kv_send + (int64_t)j * p.T * 2 * kvw, p.T, 0, m.shape.seq, m.shape.first_position(),
+                       p.kv, (int)p.d, 2 * kvw, m.inv_freq, false, s);
     }
     chunk_all_to_all(m, p, m.untied_q, m.untied_q_send, p.T * w, DType::BF16, s);
+    if (kv) chunk_all_to_all(m, p, m.untied_kv, m.untied_kv_send, p.T * 2 * kvw, DType::BF16, s);
 }
 
-// k | v of chunk i's KV heads for every destination; then to head-sharded.
-void untied_send_kv(Model& m, const UntiedPlan& p, int l, int i, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    const int64_t kvw = p.kv * p.d, w = 2 * kvw;
-    const bf16* W = m.w(P_WQKV, l);
-    for (int j = 0; j < p.sp; j++) {
-        bf16* block = m.untied_kv_send + (int64_t)j * p.T * w;
-        const int g = p.kv_first(j, i);
-        gemm_rm(false, true, p.T, kvw, p.D, m.untied_xn, p.D, W + k_row(c, g) * p.D, p.D, block, w, false, 1.f, 0.f,
-                nullptr, s);
-        gemm_rm(false, true, p.T, kvw, p.D, m.untied_xn, p.D, W + v_row(c, g) * p.D, p.D, block + kvw, w, false, 1.f,
-                0.f, nullptr, s);
-        rope_apply(block, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, w, m.inv_freq, false, s);
-    }
-    chunk_all_to_all(m, p, m.untied_kv, m.untied_kv_send, p.T * w, DType::BF16, s);
-}
-
-// The S rows of a chunk are B whole sequences (one GPU: batch B; Ulysses: B = 1, all GPUs' rows).
 AttentionShape chunk_shape(const UntiedPlan& p) { return {(int)p.batch, p.seq, p.K, p.kv, (int)p.d}; }
 
 // The chunk's all-to-all among the GPUs that share the sequence; without Ulysses (one GPU per
@@ -354,10 +369,8 @@ void untied_forward(Model& m, int l, cudaStream_t s) {
     LayerActivations& a = m.layers[l];
     const LlamaConfig& c = m.cfg;
     const int64_t w = p.K * p.d, kvw = p.kv * p.d;
-    rmsnorm_forward(m.untied_xn, m.untied_rstd, a.x_in, m.w(P_ATTN_NORM, l), p.T, c.dim, c.norm_eps, s);
     for (int i = 0; i < p.chunks; i++) {
-        untied_send_q(m, p, l, i, s);
-        if (p.new_kv(i)) untied_send_kv(m, p, l, i, s);
+        untied_project(m, p, l, i, s);
         AttentionForwardArgs fa{m.untied_q, m.untied_kv, m.untied_kv + kvw, w, 2 * kvw, 2 * kvw, m.untied_o, w,
                                 a.lse + (int64_t)i * p.K * p.S};
         attention_forward(fa, chunk_shape(p), s);
@@ -371,7 +384,8 @@ void untied_forward(Model& m, int l, cudaStream_t s) {
 
 // On entry m.dres holds d loss / d x_mid (the MLP's backward is done; Wo's weight gradient too)
 // and a.att, a.lse the layer's forward. Adds d loss / d x_in into m.dres and the projection and
-// norm gradients into the unit.
+// norm gradients into the unit. m.dres stays d loss / d x_mid until the end (every chunk's d out
+// is taken from it), so the attention side's input gradient gathers in m.untied_dxn.
 void untied_backward(Model& m, int l, cudaStream_t s) {
     const UntiedPlan p = untied_plan(m);
     LayerActivations& a = m.layers[l];
@@ -380,8 +394,6 @@ void untied_backward(Model& m, int l, cudaStream_t s) {
     const bf16* W = m.w(P_WQKV, l);
     const bf16* Wo = m.w(P_WO, l);
     float* dW = m.g(P_WQKV, l);
-    if (m.keeps_att_output())  // selective: the forward did not run again, the norm did not either
-        rmsnorm_forward(m.untied_xn, m.untied_rstd, a.x_in, m.w(P_ATTN_NORM, l), p.T, c.dim, c.norm_eps, s);
     bool dxn_written = false;
     auto add_dxn = [&](const bf16* dy, int64_t ld, const bf16* Wrows, int64_t rows) {  // dxn += dy Wrows
         gemm_rm(false, false, p.T, p.D, rows, dy, ld, Wrows, p.D, m.untied_dxn, p.D, false, 1.f,
@@ -389,8 +401,7 @@ void untied_backward(Model& m, int l, cudaStream_t s) {
         dxn_written = true;
     };
     for (int i = 0; i < p.chunks; i++) {
-        untied_send_q(m, p, l, i, s);
-        if (p.new_kv(i)) untied_send_kv(m, p, l, i, s);
+        untied_project(m, p, l, i, s);
         // d out of the chunk for every destination, straight into its send block: dres times the
         // chunk's columns of Wo (Wo's input gradient, one head chunk at a time, so no full-width
         // d out is kept), and delta = rowsum(d out * out) beside it, on the token-sharded side.
@@ -412,30 +423,41 @@ void untied_backward(Model& m, int l, cudaStream_t s) {
                                  m.untied_dkv + kvw, w, 2 * kvw, 2 * kvw, m.untied_delta_heads};
         ba.accumulate_dkv = !p.new_kv(i);
         attention_backward(ba, chunk_shape(p), s);
-        // dq back to token-sharded at once: RoPE undone, weight gradient, input gradient.
+        // dq back to token-sharded at once, RoPE undone; with a complete KV group, dk | dv too
+        // (replicated heads add up). Then the input gradient, and the weight gradients token chunk
+        // by token chunk against the normalized input, recomputed.
+        const bool kv_done = p.last_of_kv(i);
         chunk_all_to_all(m, p, m.untied_o_recv, m.untied_dq, p.T * w, DType::BF16, s);
+        if (kv_done) chunk_all_to_all(m, p, m.untied_kv_send, m.untied_dkv, p.T * 2 * kvw, DType::BF16, s);
         for (int j = 0; j < p.sp; j++) {
             bf16* dq = m.untied_o_recv + (int64_t)j * p.T * w;
             rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s);
-            const int64_t r = q_row(c, p.q_first(j, i));
-            linear_backward_weight(dW + r * p.D, dq, m.untied_xn, p.T, p.D, w, s);
-            add_dxn(dq, w, W + r * p.D, w);
-        }
-        if (!p.last_of_kv(i)) continue;
-        // The KV group is complete: dk | dv back to token-sharded (replicated heads add up).
-        chunk_all_to_all(m, p, m.untied_kv_send, m.untied_dkv, p.T * 2 * kvw, DType::BF16, s);
-        for (int j = 0; j < p.sp; j++) {
+            add_dxn(dq, w, W + q_row(c, p.q_first(j, i)) * p.D, w);
+            if (!kv_done) continue;
             bf16* dkv = m.untied_kv_send + (int64_t)j * p.T * 2 * kvw;
             const int g = p.kv_first(j, i);
             rope_apply(dkv, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, true, s);
-            for (int part = 0; part < 2; part++) {  // k, then v
-                const int64_t r = part == 0 ? k_row(c, g) : v_row(c, g);
-                gemm_rm(true, false, kvw, p.D, p.T, dkv + part * kvw, 2 * kvw, m.untied_xn, p.D, dW + r * p.D, p.D, true,
-                        1.f, 1.f, nullptr, s);
-                add_dxn(dkv + part * kvw, 2 * kvw, W + r * p.D, kvw);
-            }
+            add_dxn(dkv, 2 * kvw, W + k_row(c, g) * p.D, kvw);
+            add_dxn(dkv + kvw, 2 * kvw, W + v_row(c, g) * p.D, kvw);
         }
+        for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
+            for (int j = 0; j < p.sp; j++) {
+                const bf16* dq = m.untied_o_recv + (int64_t)j * p.T * w + t0 * w;
+                linear_backward_weight(dW + q_row(c, p.q_first(j, i)) * p.D, dq, xn, n, p.D, w, s);
+                if (!kv_done) continue;
+                const bf16* dkv = m.untied_kv_send + (int64_t)j * p.T * 2 * kvw + t0 * 2 * kvw;
+                const int g = p.kv_first(j, i);
+                gemm_rm(true, false, kvw, p.D, n, dkv, 2 * kvw, xn, p.D, dW + k_row(c, g) * p.D, p.D, true, 1.f, 1.f,
+                        nullptr, s);
+                gemm_rm(true, false, kvw, p.D, n, dkv + kvw, 2 * kvw, xn, p.D, dW + v_row(c, g) * p.D, p.D, true, 1.f,
+                        1.f, nullptr, s);
+            }
+        }, s);
     }
-    rmsnorm_backward(m.dres, m.g(P_ATTN_NORM, l), m.untied_dxn, a.x_in, m.w(P_ATTN_NORM, l), m.untied_rstd, p.T, c.dim,
-                     true, m.norm_partial, s);
+    // The attention norm's backward, chunk by chunk (its rstd recomputed): dres += d/dx_in.
+    const int64_t D = p.D;
+    for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16*) {
+        rmsnorm_backward(m.dres + t0 * D, m.g(P_ATTN_NORM, l), m.untied_dxn + t0 * D, a.x_in + t0 * D,
+                         m.w(P_ATTN_NORM, l), a.rstd1, n, (int)D, true, m.norm_partial, s);
+    }, s);
 }
