@@ -858,12 +858,12 @@ void model_declare_buffers(Model& m, Arena& A) {
 }
 
 void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string& oom_hint) {
-    if (arena.total() + dm.runtime_bytes > dm.cap_bytes)
-        report_oom(arena, dm.runtime_bytes, dm.cap_bytes, "the memory plan does not fit", oom_hint);
+    const int64_t runtime = dm.runtime_bytes + dm.emulated_bytes;
+    if (arena.total() + runtime > dm.cap_bytes)
+        report_oom(arena, runtime, dm.cap_bytes, "the memory plan does not fit", oom_hint);
     if (cudaMalloc(&dm.slab, arena.total()) != cudaSuccess) {
         cudaGetLastError();  // clear it: this failure is reported, not fatal to the context
-        report_oom(arena, dm.runtime_bytes, dm.cap_bytes, "cudaMalloc of the planned buffers failed",
-                   oom_hint);
+        report_oom(arena, runtime, dm.cap_bytes, "cudaMalloc of the planned buffers failed", oom_hint);
     }
     dm.slab_bytes = arena.total();
     arena.begin_real(dm.slab, dm.slab_bytes);
@@ -872,7 +872,7 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     // Constant tables belong to the model's setup, not to its weights.
     std::vector<double> inv = rope_inv_freq(m.cfg);
     CUDA_CHECK(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
-    if (m.opt.offload) offload_create(m);  // pinned host memory, once for the whole run
+    if (m.opt.offload && m.pin_host) offload_create(m);  // pinned host memory, once for the whole run
     if (!m.comm) m.comm = comm_single(), m.owns_comm = true;
     if (!m.comm_fsdp) m.comm_fsdp = m.comm->split();
     if (!m.comm_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));

@@ -70,6 +70,7 @@ struct DeviceMemory {
     int device = 0;
     int64_t total_bytes = 0;     // what the card has (cudaMemGetInfo)
     int64_t runtime_bytes = 0;   // used before our first allocation: CUDA context, cuBLAS
+    int64_t emulated_bytes = 0;  // --sim-world: NCCL buffers rank 0 of a real node would hold
     int64_t cap_bytes = 0;       // --mem-cap-gib, or total_bytes without a cap
     char* slab = nullptr;        // the arena's one allocation
     int64_t slab_bytes = 0;
@@ -275,6 +276,7 @@ struct Model {
     Comm* comm = nullptr;         // set by the caller, or a single-GPU one made by model_allocate
     Comm* comm_fsdp = nullptr;    // made by model_allocate (split of comm), freed by model_free
     bool owns_comm = false;
+    bool pin_host = true;  // --offload's pinned host memory; a run of no steps plans it only
     cudaStream_t comm_stream = nullptr;
     int world = 1;                // GPUs of the run (simulated ones included)
     double comm_timeout_s = 600;  // a wait that sees no progress for this long ends the run

@@ -453,7 +453,7 @@ static int measure_ladder(const Options& o) {
             planned = d.total_gib - d.runtime_gib + runtime;  // the plan with the measured runtime
             measured = last_number(r.log, "driver_gib");      // after the last step, or allocation alone
             step_s = o.steps > 0 ? last_number(r.log, "step_time_s") : NAN;
-        } else if (r.code == 3 && r.output.find("pinned host memory") != std::string::npos) {
+        } else if (r.code == 3 && r.output.find("out of memory: pinned host memory") != std::string::npos) {
             outcome = "device fits; this machine lacks the pinned host memory";
         } else if (r.code == 3) {
             size_t p = r.output.find("the step needs ");
@@ -467,7 +467,7 @@ static int measure_ladder(const Options& o) {
             StageRun a = run_child(stage_args(o, (int)k, cfg.n_layers, f.longest, 0), "");
             StageRun b = run_child(stage_args(o, (int)k, cfg.n_layers, f.longest + 1024, 0), "");
             if (a.code == 0 && b.code == 3) longest = std::to_string(f.longest) + " (allocated; +1K refused)";
-            else if (a.code == 3 && a.output.find("pinned host memory") != std::string::npos)
+            else if (a.code == 3 && a.output.find("out of memory: pinned host memory") != std::string::npos)
                 longest = std::to_string(f.longest) + " (device fits; this machine lacks the pinned host memory)";
             else longest = std::to_string(f.longest) + " (not confirmed: exits " + std::to_string(a.code) + ", " +
                            std::to_string(b.code) + ")";
@@ -930,6 +930,11 @@ static int run(Options o, const Launch& launch) {
     dm.runtime_bytes = (int64_t)(total_b - free_b);
     dm.cap_bytes = o.mem_cap_gib > 0 ? std::min<int64_t>((int64_t)(o.mem_cap_gib * GiB), dm.total_bytes)
                                      : dm.total_bytes;
+    // Emulating rank 0 of N: the cap also holds the NCCL buffers that rank would have (the
+    // plan's estimate), so what fits here fits there.
+    if (simulated) dm.emulated_bytes = (int64_t)(NCCL_OVERHEAD_ESTIMATE_GIB * GiB);
+    // A run of no steps shows the allocation; the pinned host memory of --offload is planned only.
+    m.pin_host = o.steps > 0;
     if (lead) {
         printf("GPU: %s, %.1f GiB%s; runtime uses %.2f GiB before our first allocation (CUDA context and cuBLAS "
                "%.2f, NCCL %.2f)\n",
@@ -937,7 +942,11 @@ static int run(Options o, const Launch& launch) {
                o.mem_cap_gib > 0 ? (", capped at " + std::to_string(o.mem_cap_gib).substr(0, 6) + " GiB").c_str() : "",
                dm.runtime_bytes / GiB, dm.runtime_bytes / GiB - nccl_gib, nccl_gib);
         printf("%s", plan_text(arena, host_bytes, dm.runtime_bytes / GiB, true).c_str());
-        if (simulated) printf("note: --sim-world %d runs rank 0's share on one GPU; its loss is meaningless\n", world);
+        if (simulated)
+            printf("note: --sim-world %d runs rank 0's share on one GPU; its loss is meaningless; the cap also holds "
+                   "the %.2f GiB of NCCL buffers a real rank would have (estimate)\n", world, NCCL_OVERHEAD_ESTIMATE_GIB);
+        if (!m.pin_host && host_bytes > 0)
+            printf("note: --steps 0: the %.2f GiB of pinned host memory are planned, not allocated\n", host_bytes / GiB);
     }
 
     // Allocate, and agree: an out-of-memory on one rank (a fuller GPU, pinned host memory that
