@@ -467,6 +467,9 @@ static int measure_ladder(const Options& o) {
             StageRun a = run_child(stage_args(o, (int)k, cfg.n_layers, f.longest, 0), "");
             StageRun b = run_child(stage_args(o, (int)k, cfg.n_layers, f.longest + 1024, 0), "");
             if (a.code == 0 && b.code == 3) longest = std::to_string(f.longest) + " (allocated; +1K refused)";
+            else if (a.code == 0 && b.code == 0)  // the plan's runtime estimate is a little above this GPU's
+                longest = std::to_string(f.longest) + " (allocated; +1K allocates too: the plan's runtime estimate "
+                          "is above this GPU's measured runtime)";
             else if (a.code == 3 && a.output.find("out of memory: pinned host memory") != std::string::npos)
                 longest = std::to_string(f.longest) + " (device fits; this machine lacks the pinned host memory)";
             else longest = std::to_string(f.longest) + " (not confirmed: exits " + std::to_string(a.code) + ", " +
