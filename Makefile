@@ -90,3 +90,30 @@ clean:
 
 .PHONY: all test run bench ladder clean
 .SECONDARY:
+
+# The figures: every notebook in notebooks/ runs headless over the committed results (a copy with
+# outputs goes to a temporary folder, so the committed notebooks stay output-free) and writes its
+# PNGs to $(RESULTS)/figures/. A notebook whose results files are missing or malformed fails, and
+# so does this target (after the others ran; a failure shows the notebook's own traceback).
+# RESULTS=DIR draws from another folder. Needs Debian's jupyter-nbconvert, python3-matplotlib,
+# python3-ipykernel and python3-nbformat (.ci/run installs them).
+RESULTS   ?= results
+NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
+notebooks:
+	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && failed= && \
+	for nb in $(NOTEBOOKS); do \
+	  echo "notebook $$nb (results from $(RESULTS))"; \
+	  RESULTS="$(abspath $(RESULTS))" MPLBACKEND=Agg PYDEVD_DISABLE_FILE_VALIDATION=1 \
+	    jupyter nbconvert --to notebook --execute --ExecutePreprocessor.kernel_name=python3 \
+	    --ExecutePreprocessor.timeout=120 --log-level=WARN --output-dir "$$out" "$$nb" 2>"$$out/log" && continue; \
+	  failed="$$failed $$nb"; \
+	  sed 's/\x1b\[[0-9;]*m//g' "$$out/log" > "$$out/err"; \
+	  if grep -q -- '^----------------------------------------' "$$out/err"; then \
+	    awk '/^----------------------------------------/ { buf = "" } { buf = buf $$0 "\n" } \
+	      END { printf "%s", buf }' "$$out/err" | uniq | tail -n 40 >&2; \
+	  else tail -n 15 "$$out/err" >&2; fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "notebooks failed:$$failed" >&2; exit 1; fi; \
+	echo "figures in $(RESULTS)/figures/: $$(cd $(RESULTS)/figures && ls *.png | tr '\n' ' ')"
+
+.PHONY: notebooks
