@@ -431,8 +431,9 @@ static int measure_ladder(const Options& o) {
            o.sim_world > 1 ? ("rank 0 of " + std::to_string(o.sim_world) + " GPUs, emulated").c_str()
                            : (std::to_string(std::max(1, o.nproc)) + " GPU(s)").c_str(),
            cap, layers, cfg.n_layers);
-    printf("%-5s %-10s | %-22s | %9s %9s %7s %9s | %-26s\n", "stage", "adds", "full depth (plan)", "plan GiB",
-           "measured", "diff", "step s", "longest context (confirmed)");
+    printf("%-5s %-10s | %-22s | %8s %9s %8s %7s %7s | %9s %9s %7s %9s | %-26s\n", "stage", "adds", "full depth (plan)",
+           "model", "attention", "other", "comm", "host", "plan GiB", "measured", "diff", "step s",
+           "longest context (confirmed)");
     for (size_t k = 0; k < full.size(); k++) {
         const LadderRow &f = full[k], &d = at_depth[k];
         if (!f.refused.empty()) {
@@ -477,11 +478,13 @@ static int measure_ladder(const Options& o) {
         }
         char step[32] = "-";
         if (std::isfinite(step_s)) snprintf(step, sizeof step, "%.3f", step_s);
+        printf("%-5zu %-10s | %-22s | %8.2f %9.2f %8.2f %7.2f %7.2f | ", k, f.flags.c_str(), verdict, f.gib[MEM_MODEL],
+               f.gib[MEM_ATTENTION], f.gib[MEM_OTHER], f.gib[MEM_COMM], f.host_gib);
         if (r.code == 0)
-            printf("%-5zu %-10s | %-22s | %9.2f %9.2f %6.1f%% %9s | %s\n", k, f.flags.c_str(), verdict, planned, measured,
-                   100.0 * (measured - planned) / planned, step, longest.c_str());
+            printf("%9.2f %9.2f %6.1f%% %9s | %s\n", planned, measured, 100.0 * (measured - planned) / planned, step,
+                   longest.c_str());
         else
-            printf("%-5zu %-10s | %-22s | %-37s | %s\n", k, f.flags.c_str(), verdict, outcome.c_str(), longest.c_str());
+            printf("%-37s | %s\n", outcome.c_str(), longest.c_str());
         fflush(stdout);
         if (log) {  // JSON has no NaN: what was not measured is null
             auto num = [](double v) { return std::isfinite(v) ? std::to_string(v) : std::string("null"); };
