@@ -68,7 +68,8 @@ run: train
 # The memory ladder of the talk on one GPU emulating rank 0 of eight 80 GB GPUs: every stage
 # of both models at 3M and 5M tokens is planned at full depth and allocated (--steps 0: the
 # static plan's peak is reached at allocation); at 3M each stage's longest context is allocated
-# too, and 1K more refused. JSON under results/, with the commit (TRAIN_COMMIT; git's HEAD here).
+# too, and 1K more tried (refused where 1K costs more than the plan's runtime margin). JSON under
+# results/, with the commit (TRAIN_COMMIT; git's HEAD here).
 # LADDER_ARGS adds steps where the GPU time is there (--steps 1 --measure-layers 1).
 LADDER_ARGS ?= --sim-world 8 --mem-cap-gib 80 --steps 0 --task random
 LADDER_CONFIGS ?= llama3.2-3b llama3.1-8b

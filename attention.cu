@@ -397,10 +397,10 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(Params
         for (int dt = 0; dt < HD / 8; dt++) {
             __nv_bfloat162* dkp = (__nv_bfloat162*)(dkrow + dt * 8 + 2 * t);
             __nv_bfloat162* dvp = (__nv_bfloat162*)(dvrow + dt * 8 + 2 * t);
-            float2 k0 = p.accumulate_dkv ? __bfloat1622float2(*dkp) : make_float2(0.f, 0.f);
-            float2 v0 = p.accumulate_dkv ? __bfloat1622float2(*dvp) : make_float2(0.f, 0.f);
-            *dkp = __floats2bfloat162_rn(k0.x + dk[dt][2 * r] * p.scale, k0.y + dk[dt][2 * r + 1] * p.scale);
-            *dvp = __floats2bfloat162_rn(v0.x + dv[dt][2 * r], v0.y + dv[dt][2 * r + 1]);
+            float2 k_old = p.accumulate_dkv ? __bfloat1622float2(*dkp) : make_float2(0.f, 0.f);
+            float2 v_old = p.accumulate_dkv ? __bfloat1622float2(*dvp) : make_float2(0.f, 0.f);
+            *dkp = __floats2bfloat162_rn(k_old.x + dk[dt][2 * r] * p.scale, k_old.y + dk[dt][2 * r + 1] * p.scale);
+            *dvp = __floats2bfloat162_rn(v_old.x + dv[dt][2 * r], v_old.y + dv[dt][2 * r + 1]);
         }
     }
 }

@@ -81,7 +81,8 @@ void mlp_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     linear_forward(at(a.x_out, t0, D), a.act, m.w(P_W2, l), x_mid, n, F, D, s);
 }
 
-// On entry dres[t0:t1] is d loss / d x_out; on exit d loss / d x_mid, and datt[t0:t1] is filled.
+// On entry dres[t0:t1] is d loss / d x_out; on exit d loss / d x_mid, and datt[t0:t1] is filled
+// (except under Untied Ulysses, which takes d att a head chunk at a time).
 void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];

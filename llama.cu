@@ -740,10 +740,10 @@ void model_declare_buffers(Model& m, Arena& A) {
     m.loss_rows = loss_chunk_rows_for(c, o, T);
     const int64_t W = m.chunk_rows;
     // Bytes that one layer's saved activations take in each category (--mem-trace): the
-    // buffers with a slot per layer below.
+    // buffers below that are kept with one slot per layer (not staging or working slots).
     for (int64_t& b : m.saved_per_layer) b = 0;
-    auto per_layer = [&](MemCategory cat, int64_t slots, int64_t bytes_per_slot) {
-        if (slots >= L) m.saved_per_layer[cat] += bytes_per_slot;
+    auto per_layer = [&](MemCategory cat, bool kept_per_layer, int64_t bytes_per_slot) {
+        if (kept_per_layer) m.saved_per_layer[cat] += bytes_per_slot;
     };
 
     // Model states: 18 bytes per parameter, all of them or (--fsdp) this GPU's shards.
@@ -768,11 +768,11 @@ void model_declare_buffers(Model& m, Arena& A) {
     const int64_t mid_slots = m.keeps_attention() ? L : 1, mid_rows = m.keeps_attention() ? T : W;
     bf16* x_mid = A.take<bf16>("x_mid (residual after attention)", MEM_OTHER, mid_slots * mid_rows * D);
     const int64_t mlp_slots = m.keeps_mlp() ? L : 1;  // rows W (= T when they are kept)
-    per_layer(MEM_OTHER, x_slots, T * D * 2);
-    per_layer(MEM_ATTENTION, att_slots, T * QD * 2 + lse_n * 4);
-    per_layer(MEM_ATTENTION, qkv_slots, S_rows * WH * 2);
-    per_layer(MEM_OTHER, mid_slots, mid_rows * D * 2);
-    per_layer(MEM_OTHER, mlp_slots, W * (2 * D * 2 + 2 * 4 + 3 * F * 2));
+    per_layer(MEM_OTHER, !o.offload, T * D * 2);
+    per_layer(MEM_ATTENTION, m.keeps_att_output() && !o.offload, T * QD * 2 + lse_n * 4);
+    per_layer(MEM_ATTENTION, m.keeps_attention() && !o.untied, S_rows * WH * 2);
+    per_layer(MEM_OTHER, m.keeps_attention(), mid_rows * D * 2);
+    per_layer(MEM_OTHER, m.keeps_mlp(), W * (2 * D * 2 + 2 * 4 + 3 * F * 2));
     bf16* xn1 = A.take<bf16>("xn1 (attention norm output)", MEM_OTHER, mlp_slots * W * D);
     float* rstd1 = A.take<float>("rstd1", MEM_OTHER, mlp_slots * W);
     bf16* xn2 = A.take<bf16>("xn2 (MLP norm output)", MEM_OTHER, mlp_slots * W * D);
@@ -876,7 +876,7 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     if (!m.comm) m.comm = comm_single(), m.owns_comm = true;
     if (!m.comm_fsdp) m.comm_fsdp = m.comm->split();
     if (!m.comm_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
-    m.progress.resize(2 * m.cfg.n_layers + 4);
+    m.progress.resize(2 * m.cfg.n_layers + 2);  // start, each forward, the head, each backward
     for (auto& e : m.progress) CUDA_CHECK(cudaEventCreate(&e));  // timed: --mem-trace reads them
     CUDA_CHECK(cudaMallocHost(&m.host_scalars, 4 * sizeof(float)));
     fsdp_create(m);
@@ -1044,6 +1044,8 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     const int L = c.n_layers;
     const bool tied = c.tied_embeddings;
     fsdp_step_begin(m, s);  // zeroes the gradients
+    if (m.opt.offload && !m.offload)  // --steps 0 plans the pinned memory without allocating it
+        runtime_error("--offload without its pinned host memory: this run was set up to take no steps");
     if (m.offload) offload_step_begin(m, s);
     m.progress_recorded = 0;
     auto progressed = [&]() {  // for the watchdog of model_sync, and the times of --mem-trace
@@ -1112,9 +1114,17 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
 // one progress event of the last step, timed on the GPU.
 std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena) {
     const int L = m.cfg.n_layers;
-    const int64_t host = offload_host_bytes(m);
+    // The host holds the block inputs of layers 0 .. L-2 (and with --ckpt=selective their
+    // attention outputs and lse): input l+1 is copied out right after layer l's forward, the
+    // attention output of layer l with it; the backward frees them from the last layer down.
+    const int64_t T = m.shape.tokens();
+    const int64_t host_x = m.opt.offload ? T * m.cfg.dim * 2 : 0;
+    const int64_t host_att = m.opt.offload && m.opt.selective ? T * m.cfg.q_dim() * 2 + m.lse_elems * 4 : 0;
+    auto host_at = [&](int inputs, int atts) {
+        return host_x * std::min(inputs, L - 1) + host_att * std::min(atts, L - 1);
+    };
     std::vector<MemTracePoint> pts;
-    auto add = [&](const char* point, int layer, int event, int held) {
+    auto add = [&](const char* point, int layer, int event, int held, int64_t host) {
         if (event >= m.progress_recorded) return;
         MemTracePoint p;
         p.point = point, p.layer = layer;
@@ -1123,13 +1133,13 @@ std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena
         p.t_ms = ms;
         for (int c = 0; c < MEM_NUM_CATEGORIES; c++)
             p.live[c] = arena.category_bytes(c) - (int64_t)(L - held) * m.saved_per_layer[c];
-        p.host = L > 1 ? host * std::min(held, L - 1) / (L - 1) : 0;
+        p.host = host;
         pts.push_back(p);
     };
-    add("start", -1, 0, 0);
-    for (int l = 0; l < L; l++) add("fwd", l, 1 + l, l + 1);
-    add("head", -1, 1 + L, L);
-    for (int l = L - 1; l >= 0; l--) add("bwd", l, 2 + L + (L - 1 - l), l);
+    add("start", -1, 0, 0, 0);
+    for (int l = 0; l < L; l++) add("fwd", l, 1 + l, l + 1, host_at(l + 2, l + 1));
+    add("head", -1, 1 + L, L, host_at(L, L));
+    for (int l = L - 1; l >= 0; l--) add("bwd", l, 2 + L + (L - 1 - l), l, host_at(l, l));
     return pts;
 }
 

@@ -350,6 +350,10 @@ void model_init_weights(Model& m, uint64_t seed, cudaStream_t s);
 void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s,
                      int64_t n_valid = -1);
 // Forward and backward of one step. Returns nothing; the loss sum lands in m.scalars[0].
+// progress (may be null) is called after each layer with (phase "fwd"/"bwd", layer index).
+typedef void (*ProgressFn)(void* ctx, const char* phase, int layer);
+void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress = nullptr,
+                            void* progress_ctx = nullptr);
 // Live bytes per category over the last step, at its progress events (--mem-trace; llama.cu).
 struct MemTracePoint {
     std::string point;  // start, fwd, head, bwd
@@ -359,11 +363,6 @@ struct MemTracePoint {
     int64_t host = 0;   // pinned host memory holding offloaded activations
 };
 std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena);
-
-// progress (may be null) is called after each layer with (phase "fwd"/"bwd", layer index).
-typedef void (*ProgressFn)(void* ctx, const char* phase, int layer);
-void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress = nullptr,
-                            void* progress_ctx = nullptr);
 // Gradient clipping and AdamW over all parameters. Returns nothing (grad norm in scalars[1]).
 void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s);
 // FLOPs of one training step (forward + backward), for TFLOP/s and MFU. Model FLOPs: the

@@ -296,8 +296,9 @@ int64_t k_row(const LlamaConfig& c, int g) { return (int64_t)(c.n_heads + g) * c
 int64_t v_row(const LlamaConfig& c, int g) { return (int64_t)(c.n_heads + c.n_kv_heads + g) * c.head_dim; }
 
 // The layer's normalized input, token chunk by token chunk (m.chunk_rows rows at a time, into
-// the attention-norm chunk buffer xn1 / rstd1, which Untied Ulysses does not otherwise use): no
-// full-width copy of it is kept. Calls f(t0, n, xn) for each chunk.
+// the attention-norm chunk buffer xn1 / rstd1, which Untied Ulysses does not otherwise use): with
+// --chunked no full-width copy of it is kept (without, one chunk is the whole sequence). Calls
+// f(t0, n, xn) for each chunk.
 template <class F>
 void for_each_normalized_chunk(Model& m, int l, F f, cudaStream_t s) {
     const LayerActivations& a = m.layers[l];

@@ -76,17 +76,22 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     EXPECT_LT(rel_error_or_abs(columns(dqkv_h, T, in.ld, in.qd, in.kd), dk_ref, 1.0), TOL_BF16);
     EXPECT_LT(rel_error(columns(dqkv_h, T, in.ld, in.qd + in.kd, in.kd), dv_ref), TOL_BF16);
 
-    // accumulate_dkv (Untied Ulysses sums a KV group's head chunks in place): a second backward
-    // adds its dk, dv to the first's, and dq is still written, not added.
+    // accumulate_dkv (Untied Ulysses sums a KV group's head chunks in place): a second backward,
+    // with d out halved, adds its dk, dv (half the first's) to the first's: 1.5x in all; dq is
+    // written, not added: 0.5x.
     ba.accumulate_dkv = true;
+    std::vector<double> half_dout(dout);
+    for (double& x : half_dout) x *= 0.5;  // exact in bf16
+    upload(d_dout, half_dout);
     attention_backward(ba, sh, 0);
-    auto twice = download(dqkv.ptr, T * in.ld);
-    std::vector<double> dk2(dk_ref), dv2(dv_ref);
-    for (double& x : dk2) x *= 2;
-    for (double& x : dv2) x *= 2;
-    EXPECT_LT(rel_error_or_abs(columns(twice, T, in.ld, 0, in.qd), dq_ref, 1.0), TOL_BF16);
-    EXPECT_LT(rel_error_or_abs(columns(twice, T, in.ld, in.qd, in.kd), dk2, 1.0), TOL_BF16);
-    EXPECT_LT(rel_error(columns(twice, T, in.ld, in.qd + in.kd, in.kd), dv2), TOL_BF16);
+    auto sum = download(dqkv.ptr, T * in.ld);
+    std::vector<double> dq_half(dq_ref), dk_sum(dk_ref), dv_sum(dv_ref);
+    for (double& x : dq_half) x *= 0.5;
+    for (double& x : dk_sum) x *= 1.5;
+    for (double& x : dv_sum) x *= 1.5;
+    EXPECT_LT(rel_error_or_abs(columns(sum, T, in.ld, 0, in.qd), dq_half, 1.0), TOL_BF16);
+    EXPECT_LT(rel_error_or_abs(columns(sum, T, in.ld, in.qd, in.kd), dk_sum, 1.0), TOL_BF16);
+    EXPECT_LT(rel_error(columns(sum, T, in.ld, in.qd + in.kd, in.kd), dv_sum), TOL_BF16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCases,

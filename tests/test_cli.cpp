@@ -373,4 +373,39 @@ TEST(Untied, PlanShrinksWithSmallerChunks) {
     EXPECT_LT(prev, 0.75 * plain);  // K = 1 against plain Ulysses
 }
 
+// --mem-trace (GPU): one line per progress event of the last step; GPU times that never go back;
+// without offload the saved activations fill over the forward and empty over the backward; with
+// --offload they live on the host instead, which holds nothing at the step's start and end.
+TEST(Binary, MemTraceFollowsTheStep) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    REQUIRE_GPU();
+    const int L = 3;
+    auto trace = [&](const std::string& flags) {
+        const std::string path = "/tmp/test_mem_trace_" + std::to_string(getpid()) + ".jsonl";
+        Result r = run_train("--config tiny --layers 3 --seq-len 1024 --steps 1 " + flags + " --mem-trace " + path);
+        EXPECT_EQ(r.code, 0) << r.output;
+        std::vector<std::string> lines;
+        std::ifstream f(path);
+        for (std::string line; std::getline(f, line);) lines.push_back(line);
+        unlink(path.c_str());
+        return lines;
+    };
+    auto number = [](const std::string& line, const std::string& key) {
+        size_t p = line.find("\"" + key + "\": ");
+        return p == std::string::npos ? NAN : std::atof(line.c_str() + p + key.size() + 4);
+    };
+    std::vector<std::string> plain = trace("");
+    ASSERT_EQ(plain.size(), 1u + 2 * L + 2);  // the run, start, L forwards, the head, L backwards
+    for (size_t i = 2; i < plain.size(); i++) EXPECT_GE(number(plain[i], "t_ms"), number(plain[i - 1], "t_ms"));
+    const double start = number(plain[1], "other"), head = number(plain[1 + L + 1], "other");
+    EXPECT_GT(head, start);                                   // activations saved layer by layer
+    EXPECT_DOUBLE_EQ(number(plain.back(), "other"), start);   // and all released
+    std::vector<std::string> off = trace("--ckpt --offload");
+    ASSERT_EQ(off.size(), 1u + 2 * L + 2);
+    EXPECT_EQ(number(off[1], "host_gib"), 0.0);
+    EXPECT_GT(number(off[1 + L + 1], "host_gib"), 0.0);
+    EXPECT_EQ(number(off.back(), "host_gib"), 0.0);
+    EXPECT_DOUBLE_EQ(number(off[1], "other"), number(off[1 + L + 1], "other"));  // flat on the device
+}
+
 }  // namespace
