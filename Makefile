@@ -17,14 +17,14 @@ GTEST     := -lgtest -lpthread
 RUN_ARGS  ?= --config llama3.2-3b --seq-len 8K --steps 30 --lr 3e-4 --task copy
 
 HEADERS   := common.h llama.h train.h
-LIB_OBJS  := build/llama.o build/attention.o build/chunked.o build/offload.o build/fsdp.o \
+LIB_OBJS  := build/llama.o build/attention.o build/attention_hopper.o build/chunked.o build/offload.o build/fsdp.o \
              build/ulysses.o build/comm.o build/checkpoint.o
 TEST_BINS := build/tests/test_reference build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \
              build/tests/test_files build/tests/test_hf
 TEST_COMMON := build/tests/test_main.o build/tests/reference.o
 
-all: train $(TEST_BINS) build/bench_attention
+all: train $(TEST_BINS) build/bench_attention build/bench_attention_hopper
 
 build/%.o: %.cu $(HEADERS) | build
 	$(NVCC) $(NVFLAGS) -c $< -o $@

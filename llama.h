@@ -207,6 +207,10 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh
 // The FLOPs of causal attention, REFERENCE.md's convention: forward 4*S*S*d*Hq/2 per sequence,
 // backward 2.5 x forward.
 double attention_forward_flops(const AttentionShape& sh);
+// The same on Hopper's wgmma (attention_hopper.cu; head dim 128; the backward needs delta given,
+// out == nullptr). Correct, not yet faster: not used by the model (see that file's header).
+void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
+void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // The model on one GPU (llama.cu).

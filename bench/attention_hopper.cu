@@ -1,0 +1,163 @@
+// bench/attention_hopper.cu - attention_hopper.cu's kernels against attention.cu's (the tested
+// kernels, themselves checked against float64 in tests/test_attention.cu) on fresh random
+// inputs, then both timed (median of 5 after 2 warm-ups).
+//   build/bench_attention_hopper [--bench]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../llama.h"
+
+static std::vector<float> download_bf16(const bf16* d, int64_t n) {
+    std::vector<bf16> h(n);
+    CUDA_CHECK(cudaMemcpy(h.data(), d, n * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> f(n);
+    for (int64_t i = 0; i < n; i++) f[i] = __bfloat162float(h[i]);
+    return f;
+}
+
+struct Buffers {
+    int64_t T, ld;
+    bf16 *qkv, *out_a, *out_b, *dout, *dqkv_a, *dqkv_b;
+    float *lse_a, *lse_b, *delta;
+};
+
+static Buffers make(int B, int64_t S, int Hq, int Hkv, uint64_t seed) {
+    Buffers b;
+    b.T = B * S;
+    b.ld = (int64_t)(Hq + 2 * Hkv) * 128;
+    std::vector<bf16> h(b.T * b.ld);
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& x : h) x = __float2bfloat16(nd(rng));
+    CUDA_CHECK(cudaMalloc(&b.qkv, h.size() * 2));
+    CUDA_CHECK(cudaMemcpy(b.qkv, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&b.out_a, b.T * Hq * 128 * 2));
+    CUDA_CHECK(cudaMalloc(&b.out_b, b.T * Hq * 128 * 2));
+    CUDA_CHECK(cudaMalloc(&b.lse_a, b.T * Hq * 4));
+    CUDA_CHECK(cudaMalloc(&b.lse_b, b.T * Hq * 4));
+    CUDA_CHECK(cudaMemset(b.out_b, 0xff, b.T * Hq * 128 * 2));  // NaN poison
+    CUDA_CHECK(cudaMemset(b.lse_b, 0xff, b.T * Hq * 4));
+    for (auto& x : h) x = __float2bfloat16(nd(rng));
+    CUDA_CHECK(cudaMalloc(&b.dout, b.T * Hq * 128 * 2));
+    CUDA_CHECK(cudaMemcpy(b.dout, h.data(), b.T * Hq * 128 * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&b.dqkv_a, b.T * b.ld * 2));
+    CUDA_CHECK(cudaMalloc(&b.dqkv_b, b.T * b.ld * 2));
+    CUDA_CHECK(cudaMemset(b.dqkv_b, 0xff, b.T * b.ld * 2));
+    CUDA_CHECK(cudaMalloc(&b.delta, b.T * Hq * 4));
+    return b;
+}
+static void release(Buffers& b) {
+    cudaFree(b.qkv), cudaFree(b.out_a), cudaFree(b.out_b), cudaFree(b.lse_a), cudaFree(b.lse_b);
+    cudaFree(b.dout), cudaFree(b.dqkv_a), cudaFree(b.dqkv_b), cudaFree(b.delta);
+}
+static AttentionForwardArgs args(const Buffers& b, int Hq, int Hkv, bool hopper) {
+    return {b.qkv, b.qkv + Hq * 128, b.qkv + (Hq + Hkv) * 128, b.ld, b.ld, b.ld,
+            hopper ? b.out_b : b.out_a, (int64_t)Hq * 128, hopper ? b.lse_b : b.lse_a};
+}
+
+// Backward: the reference computes delta from out; the Hopper one is given it.
+static AttentionBackwardArgs bargs(const Buffers& b, int Hq, int Hkv, bool hopper) {
+    const int64_t qd = Hq * 128, kd = Hkv * 128;
+    bf16* d = hopper ? b.dqkv_b : b.dqkv_a;
+    return {b.qkv, b.qkv + qd, b.qkv + qd + kd, hopper ? nullptr : b.out_a, b.dout, b.ld, b.ld, b.ld, qd, qd,
+            b.lse_a, d, d + qd, d + qd + kd, b.ld, b.ld, b.ld, b.delta};
+}
+
+static double rel(const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        double d = (double)a[i] - b[i];
+        if (!std::isfinite(a[i])) return INFINITY;
+        num += d * d, den += (double)b[i] * b[i];
+    }
+    return std::sqrt(num / (den > 0 ? den : 1));
+}
+
+int main(int argc, char** argv) {
+    bool bench = argc > 1 && std::string(argv[1]) == "--bench";
+    struct Case { int B; int64_t S; int Hq, Hkv; };
+    const Case cases[] = {{1, 128, 2, 1}, {1, 1000, 8, 2}, {2, 130, 4, 4}, {1, 4097, 32, 8}, {3, 77, 3, 1}, {1, 16384, 24, 8}};
+    int failed = 0;
+    for (const Case& c : cases) {
+        Buffers b = make(c.B, c.S, c.Hq, c.Hkv, 1234 + c.S);
+        AttentionShape sh{c.B, c.S, c.Hq, c.Hkv, 128};
+        attention_forward(args(b, c.Hq, c.Hkv, false), sh, 0);
+        attention_forward_hopper(args(b, c.Hq, c.Hkv, true), sh, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        auto oa = download_bf16(b.out_a, b.T * c.Hq * 128), ob = download_bf16(b.out_b, b.T * c.Hq * 128);
+        std::vector<float> la(b.T * c.Hq), lb(b.T * c.Hq);
+        CUDA_CHECK(cudaMemcpy(la.data(), b.lse_a, la.size() * 4, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(lb.data(), b.lse_b, lb.size() * 4, cudaMemcpyDeviceToHost));
+        double eo = rel(ob, oa), el = rel(lb, la);
+        attention_backward(bargs(b, c.Hq, c.Hkv, false), sh, 0);
+        attention_backward_hopper(bargs(b, c.Hq, c.Hkv, true), sh, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        auto ga = download_bf16(b.dqkv_a, b.T * b.ld), gb = download_bf16(b.dqkv_b, b.T * b.ld);
+        auto cols = [&](const std::vector<float>& x, int64_t c0, int64_t n) {
+            std::vector<float> r;
+            for (int64_t t = 0; t < b.T; t++) r.insert(r.end(), x.begin() + t * b.ld + c0, x.begin() + t * b.ld + c0 + n);
+            return r;
+        };
+        const int64_t qd = c.Hq * 128, kd = c.Hkv * 128;
+        double edq = rel(cols(gb, 0, qd), cols(ga, 0, qd)), edk = rel(cols(gb, qd, kd), cols(ga, qd, kd)),
+               edv = rel(cols(gb, qd + kd, kd), cols(ga, qd + kd, kd));
+        printf("   backward: dq rel %.2e, dk rel %.2e, dv rel %.2e  %s\n", edq, edk, edv,
+               edq < 2e-2 && edk < 2e-2 && edv < 2e-2 ? "ok" : "MISMATCH");
+        failed += !(edq < 2e-2 && edk < 2e-2 && edv < 2e-2);
+        bool ok = eo < 1e-2 && el < 1e-5;
+        failed += !ok;
+        printf("B%d S%lld Hq%d Hkv%d: out rel %.2e, lse rel %.2e  %s\n", c.B, (long long)c.S, c.Hq, c.Hkv, eo, el,
+               ok ? "ok" : "MISMATCH");
+        if (!ok) {  // where: the first differing rows
+            int shown = 0;
+            for (int64_t i = 0; i < (int64_t)oa.size() && shown < 6; i++)
+                if (!(std::fabs(oa[i] - ob[i]) < 0.05f + 0.05f * std::fabs(oa[i]))) {
+                    int64_t row = i / (c.Hq * 128), col = i % (c.Hq * 128);
+                    printf("   token %lld head %lld d %lld: ref %.4f wgmma %.4f\n", (long long)row,
+                           (long long)(col / 128), (long long)(col % 128), oa[i], ob[i]);
+                    shown++;
+                }
+        }
+        release(b);
+    }
+    if (!bench) return failed ? 1 : 0;
+    printf("shape      seq   ref ms  TF/s   wgmma ms  TF/s   (fwd, then bwd: ref includes its delta kernel)\n");
+    for (int shape = 0; shape < 2; shape++)
+        for (int64_t S : {16384LL, 65536LL}) {
+            int Hq = shape ? 32 : 24, Hkv = 8;
+            Buffers b = make(1, S, Hq, Hkv, 99);
+            AttentionShape sh{1, S, Hq, Hkv, 128};
+            double flops = attention_forward_flops(sh), ms[4];
+            attention_forward(args(b, Hq, Hkv, false), sh, 0);
+            for (int k = 0; k < 4; k++) {
+                cudaEvent_t e0, e1;
+                cudaEventCreate(&e0), cudaEventCreate(&e1);
+                std::vector<float> t;
+                for (int r = 0; r < 7; r++) {
+                    cudaEventRecord(e0);
+                    if (k == 1) attention_forward_hopper(args(b, Hq, Hkv, true), sh, 0);
+                    else if (k == 0) attention_forward(args(b, Hq, Hkv, false), sh, 0);
+                    else if (k == 2) attention_backward(bargs(b, Hq, Hkv, false), sh, 0);
+                    else attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0);
+                    cudaEventRecord(e1);
+                    cudaEventSynchronize(e1);
+                    float x;
+                    cudaEventElapsedTime(&x, e0, e1);
+                    if (r >= 2) t.push_back(x);
+                }
+                std::sort(t.begin(), t.end());
+                ms[k] = t[t.size() / 2];
+            }
+            printf("%s %6lld fwd %8.3f %6.1f %9.3f %6.1f\n", shape ? "8B 32/8" : "3B 24/8", (long long)S, ms[0],
+                   flops / ms[0] / 1e9, ms[1], flops / ms[1] / 1e9);
+            printf("%s %6lld bwd %8.3f %6.1f %9.3f %6.1f\n", shape ? "8B 32/8" : "3B 24/8", (long long)S, ms[2],
+                   2.5 * flops / ms[2] / 1e9, ms[3], 2.5 * flops / ms[3] / 1e9);
+            release(b);
+        }
+    return failed ? 1 : 0;
+}
