@@ -28,6 +28,7 @@
 // k step: the probabilities P never leave registers between S = Q K^T and O += P V.
 #include <algorithm>
 
+#include "attention_ptx.cuh"
 #include "llama.h"
 
 namespace {
@@ -36,26 +37,11 @@ constexpr int THREADS = 128;  // 4 warps; each warp owns 16 rows of the block's 
 constexpr int PAD = 8;        // shared rows padded by 16 bytes: ldmatrix reads conflict-free
 
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers.
-__device__ inline uint32_t smem_u32(const void* p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// 16-byte asynchronous copy; with valid == false the destination is zero-filled.
-__device__ inline void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
-                 "l"(src), "r"(valid ? 16 : 0));
-}
+// PTX wrappers (the shared ones in attention_ptx.cuh).
 __device__ inline void cp_async4(void* dst, const void* src, bool valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                  "r"(valid ? 4 : 0));
 }
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ inline void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 __device__ inline void ldmatrix_x4(uint32_t r[4], const bf16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -74,11 +60,6 @@ __device__ inline void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ inline uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t*)&v;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -139,8 +120,6 @@ struct Params {
     bool accumulate_dkv; // dk, dv += (in fp32, stored bf16) instead of =
 };
 
-constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
 
 // =============================================================================================
 // Forward. Block: 64 query rows of one head of one sequence; keys walked in tiles of 64.

@@ -24,12 +24,12 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "attention_ptx.cuh"
 #include "llama.h"
 
 namespace hopper {
 
 constexpr int HD = 128, BQ = 128, BK = 128, THREADS = 256;
-constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
 struct Params {
     const bf16 *q, *k, *v;
@@ -39,15 +39,6 @@ struct Params {
     int n_heads, group;
     float scale_log2;
 };
-
-__device__ inline uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ inline void cp_async16(uint32_t dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Byte offset of element (r, c) in a swizzled [R][128] tile (two [R][64] halves).
 __device__ inline uint32_t sw(int r, int c, int R) {
@@ -102,10 +93,6 @@ __device__ inline void wgmma_ss64(float* d, uint64_t da, uint64_t db, int scale_
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
-__device__ inline uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t*)&v;
-}
 
 // Rows [row0, row0 + R) of a [*, ld] bf16 matrix (128 columns) into a swizzled [R][128] tile.
 template <int R = 128>
@@ -480,7 +467,7 @@ void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShap
     p.q = a.q, p.k = a.k, p.v = a.v, p.out = a.out, p.lse = a.lse;
     p.ldq = a.ldq, p.ldk = a.ldk, p.ldv = a.ldv, p.ldo = a.ldo, p.seq = sh.seq;
     p.n_heads = sh.n_heads, p.group = sh.n_heads / sh.n_kv_heads;
-    p.scale_log2 = (1.0f / sqrtf((float)sh.head_dim)) * hopper::LOG2E;
+    p.scale_log2 = (1.0f / sqrtf((float)sh.head_dim)) * LOG2E;
     static bool configured = false;
     if (!configured) {
         CUDA_CHECK(cudaFuncSetAttribute(hopper::forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -501,7 +488,7 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
     p.dq = a.dq, p.dk = a.dk, p.dv = a.dv;
     p.ldq = a.ldq, p.ldk = a.ldk, p.ldv = a.ldv, p.lddo = a.lddo, p.lddq = a.lddq, p.lddk = a.lddk, p.lddv = a.lddv;
     p.seq = sh.seq, p.n_heads = sh.n_heads, p.group = sh.n_heads / sh.n_kv_heads;
-    p.scale = 1.0f / sqrtf((float)sh.head_dim), p.scale_log2 = p.scale * hopper::LOG2E;
+    p.scale = 1.0f / sqrtf((float)sh.head_dim), p.scale_log2 = p.scale * LOG2E;
     p.accumulate_dkv = a.accumulate_dkv;
     static bool configured = false;
     if (!configured) {

@@ -373,6 +373,13 @@ static StageRun run_child(const std::vector<std::string>& args, const std::strin
 
 static std::string json_escape(const std::string& s);
 
+// The command line as typed, for logs.
+static std::string command_line(const Options& o) {
+    std::string cmd;
+    for (const std::string& a : o.argv) cmd += (cmd.empty() ? "" : " ") + a;
+    return cmd;
+}
+
 // The number after "key": in the last line of `text` that has it (NAN if none).
 static double last_number(const std::string& text, const std::string& key) {
     size_t p = text.rfind("\"" + key + "\": ");
@@ -415,8 +422,7 @@ static int measure_ladder(const Options& o) {
     if (log) {  // what ran where: the command, the GPU, the commit (TRAIN_COMMIT, set by make ladder)
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-        std::string cmd;
-        for (auto& a : o.argv) cmd += (cmd.empty() ? "" : " ") + a;
+        const std::string cmd = command_line(o);
         const char* commit = getenv("TRAIN_COMMIT");
         fprintf(log,
                 "{\"type\": \"ladder_run\", \"command\": \"%s\", \"gpu\": \"%s\", \"commit\": \"%s\", \"config\": \"%s\", "
@@ -657,8 +663,8 @@ static void write_mem_trace(const Options& o, const char* gpu, const Model& m, c
                             double driver_gib) {
     FILE* f = fopen(o.mem_trace_path.c_str(), "w");
     if (!f) usage_error("cannot write --mem-trace file '" + o.mem_trace_path + "'");
-    std::string cmd, flags;
-    for (auto& a : o.argv) cmd += (cmd.empty() ? "" : " ") + a;
+    const std::string cmd = command_line(o);
+    std::string flags;
     const StepOptions& s = m.opt;
     if (s.fsdp) flags += " --fsdp";
     if (s.ulysses) flags += " --ulysses";
@@ -782,11 +788,27 @@ static int launch_local(int n, char** argv) {
         pids.push_back(pid);
     }
     close(fd);
+    // The first rank to fail sets the exit code. The others get a moment to end by themselves
+    // (an error every rank sees is reported by rank 0 alone, which may still be writing it);
+    // whoever is still running after that, waiting on a dead peer, is stopped.
     int result = 0;
     std::vector<bool> alive(pids.size(), true);
+    auto failed_at = std::chrono::steady_clock::time_point::max();
+    bool stopped = false;
     for (size_t left = pids.size(); left > 0;) {
+        const bool grace = result != 0 && !stopped;
+        if (grace && std::chrono::steady_clock::now() - failed_at > std::chrono::seconds(2)) {
+            for (size_t i = 0; i < pids.size(); i++)
+                if (alive[i]) kill(pids[i], SIGTERM);
+            stopped = true;
+            continue;
+        }
         int st = 0;
-        pid_t p = waitpid(-1, &st, 0);
+        pid_t p = waitpid(-1, &st, grace ? WNOHANG : 0);
+        if (p == 0) {  // none ended yet, within the grace period
+            usleep(10000);
+            continue;
+        }
         if (p < 0) {
             if (errno == EINTR) continue;
             break;
@@ -794,11 +816,7 @@ static int launch_local(int n, char** argv) {
         for (size_t i = 0; i < pids.size(); i++)
             if (pids[i] == p && alive[i]) alive[i] = false, left--;
         int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (code != 0 && result == 0) {
-            result = code;
-            for (size_t i = 0; i < pids.size(); i++)
-                if (alive[i]) kill(pids[i], SIGTERM);
-        }
+        if (code != 0 && result == 0) result = code, failed_at = std::chrono::steady_clock::now();
     }
     return result;
 }
@@ -991,8 +1009,7 @@ static int run(Options o, const Launch& launch) {
     if (lead && !o.log_path.empty()) {
         log = fopen(o.log_path.c_str(), "w");
         if (!log) usage_error("cannot write --log file '" + o.log_path + "'");
-        std::string cmd;
-        for (auto& a : o.argv) cmd += (cmd.empty() ? "" : " ") + a;
+        const std::string cmd = command_line(o);
         fprintf(log,
                 "{\"type\": \"setup\", \"command\": \"%s\", \"gpu\": \"%s\", \"config\": \"%s\", \"layers\": %d, "
                 "\"seq_len\": %lld, \"batch\": %d, \"world\": %d, \"simulated\": %s, \"local_tokens\": %lld, "
