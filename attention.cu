@@ -549,7 +549,7 @@ void launch_backward(const Params& p, const AttentionShape& sh, cudaStream_t s) 
 
 }  // namespace
 
-void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
+void attention_forward_reference(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
     check_shape(sh);
     if (sh.seq == 0 || sh.batch == 0) return;
     Params p = make_params(sh);
@@ -560,8 +560,7 @@ void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, 
     else launch_forward<128>(p, sh, s);
 }
 
-void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh,
-                        cudaStream_t s) {
+void attention_backward_reference(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
     check_shape(sh);
     if (sh.seq == 0 || sh.batch == 0) return;
     Params p = make_params(sh);
@@ -574,6 +573,17 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh
     p.accumulate_dkv = a.accumulate_dkv;
     if (sh.head_dim == 64) launch_backward<64>(p, sh, s);
     else launch_backward<128>(p, sh, s);
+}
+
+void attention_delta(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
+    check_shape(sh);
+    const int64_t T = (int64_t)sh.batch * sh.seq;
+    if (T == 0) return;
+    Params p = make_params(sh);
+    p.o = a.out, p.dout = a.dout, p.ldo = a.ldo, p.lddo = a.lddo, p.delta = a.delta;
+    if (sh.head_dim == 64) attention_delta_kernel<64><<<(unsigned)((T * sh.n_heads + 7) / 8), 256, 0, s>>>(p, T);
+    else attention_delta_kernel<128><<<(unsigned)((T * sh.n_heads + 7) / 8), 256, 0, s>>>(p, T);
+    CUDA_CHECK_LAUNCH();
 }
 
 double attention_forward_flops(const AttentionShape& sh) {

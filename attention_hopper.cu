@@ -1,75 +1,147 @@
-// attention_hopper.cu - attention on Hopper's warpgroup tensor-core instructions (wgmma,
-// sm_90a): forward, and the deterministic two-kernel backward (dK/dV per KV tile summing the
-// GQA group, dQ per query tile). The same contract as attention.cu (causal, GQA, bf16 in and
-// out, fp32 lse in natural log), head dim 128 only.
+// attention_hopper.cu - the fast attention kernels, for Hopper (sm_90a): the same contract as
+// attention.cu (causal, grouped-query, bf16 in and out, fp32 lse in natural log, every offset
+// 64-bit), head dim 128. attention.cu stays the readable reference and the test oracle; the
+// dispatch at the end of this file picks these kernels where they apply.
 //
-// Status (issue 9): correct, not yet fast, so the model does not use it. On an H200 the forward
-// matches attention.cu's within 1e-3 (another tile size, so other rescaling points) and the
-// backward matches it bit for bit (the same 16-wide reduction order); at 16K tokens, 3B shape,
-// it runs at 138 / 94 TFLOP/s forward / backward against attention.cu's 231 / 140
-// (`build/bench_attention_hopper --bench`). It is the base for the fast kernels: every product
-// here waits for the one before, and V (forward), Q and dO (dK/dV), K (dQ) are transposed in
-// shared memory with scalar stores; next come TMA loads, warp specialization (a producer warp,
-// consumers overlapping softmax with the next product) and MN-major operands instead of the
-// transposes.
+// What makes them fast, compared with attention.cu's mma.sync kernels:
 //
-// Forward block: 128 query rows of one head, two warpgroups (256 threads) of 64 rows each (the
-// M of one wgmma). Keys in tiles of 128, double-buffered by cp.async:
-//   S = Q K^T      wgmma m64n128k16, A = Q (shared), B = K tile (shared), 8 k steps over d
-//   O += P V       wgmma m64n128k16, A = P (registers, the C layout of S), B = V^T (shared)
-// Shared tiles are [rows][128] bf16 stored as two [rows][64] halves with the 128-byte swizzle:
-// the 16-byte chunk c of row r sits at chunk c ^ (r % 8), so eight rows fill all 32 banks, and
-// a wgmma descriptor (K-major, 8-row groups 1024 bytes apart) walks them directly.
+//  * wgmma: a warpgroup (4 warps, 128 threads) issues one 64 x N x 16 product at a time,
+//    asynchronously, with both operands read by the tensor cores straight from shared memory
+//    (or the left one from registers). No ldmatrix, no per-warp fragments of B.
+//  * TMA: tiles are copied global -> shared by the copy engine (cp.async.bulk.tensor), one
+//    instruction per [rows x 64 columns] box, already in the 128-byte swizzled layout the wgmma
+//    descriptors read. Rows past the end of a sequence come back as zeros (a 3-D tensor map
+//    [batch][seq][columns]), so there is no bounds code in the loads.
+//  * Warp specialization: warpgroup 0 is the producer (one thread issues the copies, gives
+//    most of its registers to the others with setmaxnreg); warpgroups 1 and 2 compute, each on
+//    its 64 rows. Stages of a shared-memory ring are handed over with mbarriers: "full" when
+//    the copy engine has written them, "empty" when both consumers are done with them. While
+//    one consumer does its softmax the other one's products keep the tensor cores busy.
+//  * Transposes are free: a product that needs an operand with the other dimension contiguous
+//    (V in O += P V; dO, Q in dV, dK; K in dQ) reads the same tile through an MN-major
+//    descriptor (wgmma's transpose bit), so every tile is loaded once in one layout.
+//  * Causal tiles on and below the diagonal only, mask arithmetic on diagonal tiles only, and
+//    longest-first block order (blocks with the most key tiles start first, so the last wave
+//    is short ones).
+//
+// Forward, one block per 128 query rows of one head (consumer c owns rows 64c..64c+63):
+//   S = Q K^T       wgmma m64n128k16, A = Q (shared), B = K tile (shared, K-major), 8 k-steps
+//   P = exp(S - m)  online softmax in registers (the accumulator layout of S is the register
+//                   A-operand layout of the next product, so P never leaves registers)
+//   O += P V        wgmma m64n128k16, A = P (registers), B = V tile (shared, MN-major)
+//
+// Backward (delta = rowsum(dO * O) given), deterministic and without atomics as attention.cu:
+//   dK/dV kernel, one block per 128 keys of one KV head (consumer c: keys 64c..), walking every
+//   query head of the GQA group and its 64-row query tiles at or after the block's keys:
+//     S^T = K Q^T, dP^T = V dO^T           (m64n64k16, both operands shared)
+//     P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)
+//     dV += P^T dO, dK += dS^T Q           (m64n128k16, A = registers, B = MN-major shared)
+//   dQ kernel, one block per 128 query rows of one head, walking 64-key tiles:
+//     S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K (K MN-major)
+//   S and dP are computed in both kernels (7 products where 5 are counted): the price of no
+//   atomics.
+//
+// Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
+// the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
+// fill all 32 banks. Every tile starts on 1024 bytes, where the swizzle pattern repeats.
+//   K-major descriptor (the contiguous dimension is the k of the product): start address,
+//     8-row groups 1024 bytes apart; the k-slice 16j..16j+15 starts at half (j / 4), byte 32 (j % 4).
+//   MN-major descriptor (contiguous along n): k-rows 16j.. start at byte 16 * 128 * j; the
+//     8-row groups along k are 1024 bytes apart; the second 64 columns of n are one half further.
+
+#include <cuda.h>  // the CUtensorMap type; the driver function itself comes through the runtime
+#include <cudaTypedefs.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
 
 #include "attention_ptx.cuh"
 #include "llama.h"
 
 namespace hopper {
 
-constexpr int HD = 128, BQ = 128, BK = 128, THREADS = 256;
+constexpr int HD = 128;
+constexpr int THREADS = 384;                 // producer warpgroup + two consumer warpgroups
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 * 40 + 256 * 232 <= 65536
+constexpr int TILE = 128 * 128 * 2;          // bytes of a [128][128] bf16 tile
+constexpr int HALF_TILE = TILE / 2;          // a [64][128] tile
 
-struct Params {
-    const bf16 *q, *k, *v;
-    bf16* out;
-    float* lse;
-    int64_t ldq, ldk, ldv, ldo, seq;
-    int n_heads, group;
-    float scale_log2;
-};
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers: mbarriers, TMA, register reallocation, wgmma.
+__device__ inline void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ inline void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// One arrival that also announces `bytes` of copies that will complete on this barrier.
+__device__ inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ inline void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Wait until the barrier's phase with this parity has completed.
+__device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// One box of a 3-D tensor map (column, row, batch) into shared memory, completing on `bar`.
+__device__ inline void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int row, int batch) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+        "[%2];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(bar), "r"(col), "r"(row), "r"(batch)
+        : "memory");
+}
+// A [rows][128] tile of head `head`: two boxes of 64 columns.
+__device__ inline void tma_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int head, int64_t row, int batch,
+                                int rows) {
+    tma_load(dst, map, bar, head * HD, (int)row, batch);
+    tma_load(dst + rows * 128, map, bar, head * HD + 64, (int)row, batch);
+}
+template <int N>
+__device__ inline void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ inline void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
-// Byte offset of element (r, c) in a swizzled [R][128] tile (two [R][64] halves).
-__device__ inline uint32_t sw(int r, int c, int R) {
-    const int half = c >> 6, cc = c & 63;
-    return (uint32_t)(half * R * 128 + r * 128 + ((((cc >> 3) ^ (r & 7))) << 4) + ((cc & 7) << 1));
+__device__ inline float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
-// wgmma shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
-__device__ inline uint64_t desc(uint32_t addr) {
-    uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4);
-    d |= (uint64_t)1 << 16;            // leading byte offset: unused for swizzled K-major
-    d |= (uint64_t)(1024 >> 4) << 32;  // stride byte offset
-    d |= (uint64_t)1 << 62;            // 128-byte swizzle
-    return d;
+// wgmma shared-memory descriptors, 128-byte swizzle (see the header).
+__device__ inline uint64_t desc_bits(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lead_bytes >> 4) << 16 |
+           (uint64_t)(stride_bytes >> 4) << 32 | (uint64_t)1 << 62;
 }
-// The k-th 16-wide slice of a swizzled [R][128] tile starting at `base` (shared address).
-__device__ inline uint64_t slice_desc(uint32_t base, int k, int R) {
-    return desc(base + (uint32_t)((k >> 2) * R * 128 + (k & 3) * 32));
+// K-major: the k-slice 16j..16j+15 of a [R][128] tile (the leading offset is unused).
+__device__ inline uint64_t kmajor_desc(uint32_t tile, int j, int R) {
+    return desc_bits(tile + (uint32_t)((j >> 2) * R * 128 + (j & 3) * 32), 16, 1024);
+}
+// MN-major: k-rows 16j..16j+15 of a [R][128] tile read as a 16 x 128 operand (n = columns).
+__device__ inline uint64_t mnmajor_desc(uint32_t tile, int j, int R) {
+    return desc_bits(tile + (uint32_t)(j * 16 * 128), (uint32_t)(R * 128), 1024);
 }
 
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ inline void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+template <int N>
+__device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // Keep the compiler from moving accumulator reads and writes across the asynchronous products.
-__device__ inline void fence_regs(float* r, int n) {
-    for (int i = 0; i < n; i++) asm volatile("" : "+f"(r[i])::"memory");
+template <int N>
+__device__ inline void fence_regs(float* r) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// The wgmma forms used here (64 or 32 fp32 accumulator registers per thread).
-__device__ inline void wgmma_ss(float* d, uint64_t da, uint64_t db, int scale_d) {
+// d (64 x 128, fp32) (+)= A (shared, K-major) * B (shared, K-major).
+__device__ inline void wgmma_128_ss(float* d, uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
@@ -77,15 +149,16 @@ __device__ inline void wgmma_ss(float* d, uint64_t da, uint64_t db, int scale_d)
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
-__device__ inline void wgmma_rs(float* d, const uint32_t* a, uint64_t db) {
+// d (64 x 128, fp32) += A (registers, 64 x 16 bf16) * B (shared, MN-major: the transpose bit set).
+__device__ inline void wgmma_128_rs_mn(float* d, const uint32_t* a, uint64_t db) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-__device__ inline void wgmma_ss64(float* d, uint64_t da, uint64_t db, int scale_d) {
+// d (64 x 64, fp32) (+)= A (shared, K-major) * B (shared, K-major).
+__device__ inline void wgmma_64_ss(float* d, uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
@@ -93,414 +166,605 @@ __device__ inline void wgmma_ss64(float* d, uint64_t da, uint64_t db, int scale_
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
-
-// Rows [row0, row0 + R) of a [*, ld] bf16 matrix (128 columns) into a swizzled [R][128] tile.
-template <int R = 128>
-__device__ inline void load_swizzled(uint32_t tile, const bf16* g, int64_t ld, int64_t row0, int64_t nrows) {
-    for (int c = threadIdx.x; c < R * 16; c += THREADS) {
-        const int r = c >> 4, col = (c & 15) * 8;
-        const int64_t row = row0 + r;
-        const bool valid = row < nrows;
-        cp_async16(tile + sw(r, col, R), g + (valid ? row : 0) * ld + col, valid);
-    }
-}
-// Rows of V into a plain [128][128 + 8] staging tile (transposed later).
-constexpr int VLD = HD + 8;
-template <int R = 128>
-__device__ inline void load_plain(bf16* tile, const bf16* g, int64_t ld, int64_t row0, int64_t nrows) {
-    for (int c = threadIdx.x; c < R * 16; c += THREADS) {
-        const int r = c >> 4, col = (c & 15) * 8;
-        const int64_t row = row0 + r;
-        const bool valid = row < nrows;
-        cp_async16(smem_u32(tile + r * VLD + col), g + (valid ? row : 0) * ld + col, valid);
-    }
-}
-// A [R][128] staging tile -> its transpose [128][R], swizzled (R = 64 or 128 columns).
-template <int R = 128>
-__device__ inline void transpose_v(unsigned char* vt, const bf16* staging) {
-    for (int c = threadIdx.x; c < R * 16; c += THREADS) {
-        const int key = c >> 4, d0 = (c & 15) * 8;
-        const uint4 chunk = *(const uint4*)(staging + key * VLD + d0);
-        const bf16* e = (const bf16*)&chunk;
-        for (int i = 0; i < 8; i++) *(bf16*)(vt + sw(d0 + i, key, 128)) = e[i];
-    }
-}
-__device__ inline void load_vec(float* dst, const float* g, int64_t row0, int64_t nrows, int n) {
-    for (int i = threadIdx.x; i < n; i += THREADS) dst[i] = row0 + i < nrows ? g[row0 + i] : 0.f;
+// The accumulator fragments of columns 16j..16j+15 -> the register A fragment of k-step j.
+// (Thread layout of both: row g (+8), columns 2t, 2t+1 (+8); g = lane / 4, t = lane % 4.)
+__device__ inline void to_a(uint32_t* a, const float* c, int j) {
+    a[0] = pack_bf16(c[8 * j + 0], c[8 * j + 1]);
+    a[1] = pack_bf16(c[8 * j + 2], c[8 * j + 3]);
+    a[2] = pack_bf16(c[8 * j + 4], c[8 * j + 5]);
+    a[3] = pack_bf16(c[8 * j + 6], c[8 * j + 7]);
 }
 
-constexpr int TILE_BYTES = 128 * 128 * 2;  // 32 KiB, a multiple of 1024
-constexpr int STAGE_BYTES = 128 * VLD * 2;
-constexpr int SMEM_BYTES = 1024 + TILE_BYTES /*Q*/ + 2 * TILE_BYTES /*K*/ + TILE_BYTES /*V^T*/ + 2 * STAGE_BYTES;
-
-__global__ void __launch_bounds__(THREADS, 1) forward_kernel(Params p) {
+// Swizzled tiles start on 1024 bytes.
+__device__ inline uint32_t aligned_smem() {
     extern __shared__ unsigned char smem_raw[];
-    // Swizzled tiles must start on 1024 bytes (the swizzle repeats every 8 rows of 128 bytes).
-    unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    unsigned char* sQ = smem;
-    unsigned char* sK = sQ + TILE_BYTES;           // [2]
-    unsigned char* sVt = sK + 2 * TILE_BYTES;
-    bf16* sV = (bf16*)(sVt + TILE_BYTES);          // [2][128][VLD]
+    return (smem_u32(smem_raw) + 1023) & ~1023u;
+}
 
-    const int64_t q_tile = gridDim.x - 1 - blockIdx.x;  // longest rows first
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / p.group;
-    const int64_t q0 = q_tile * BQ, tok0 = (int64_t)b * p.seq;
-    const bf16* Q = p.q + tok0 * p.ldq + (int64_t)h * HD;
-    const bf16* K = p.k + tok0 * p.ldk + (int64_t)kvh * HD;
-    const bf16* V = p.v + tok0 * p.ldv + (int64_t)kvh * HD;
-    const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-    const int g = lane / 4, t = lane % 4;
-    const int64_t n_tiles = min(q_tile + 1, (p.seq + BK - 1) / BK);
+// Where a consumer thread's accumulator elements sit: rows r0 = 16 * warp + g and r0 + 8 of its
+// warpgroup's 64; element e of column block j is (row e / 2, column 8j + 2t + (e & 1)).
+struct Lane {
+    int warp, g, t;
+    __device__ Lane() {
+        const int lane = threadIdx.x % 32;
+        warp = (threadIdx.x % 128) / 32, g = lane / 4, t = lane % 4;
+    }
+    __device__ int row(int half) const { return warp * 16 + g + 8 * half; }
+    __device__ int col(int j, int e) const { return 8 * j + 2 * t + (e & 1); }
+};
 
-    load_swizzled(smem_u32(sQ), Q, p.ldq, q0, p.seq);
-    load_swizzled(smem_u32(sK), K, p.ldk, 0, p.seq);
-    load_plain(sV, V, p.ldv, 0, p.seq);
-    cp_async_commit();
+// =============================================================================================
+// Forward.
+struct FwdParams {
+    bf16* out;
+    float* lse;
+    int64_t ldo, seq, n_q_tiles;
+    int n_heads, batch, group;
+    float scale_log2;
+};
+constexpr int FWD_STAGES = 2;
+constexpr int FWD_SMEM = 1024 + TILE * (1 + 2 * FWD_STAGES) + 8 * (1 + 3 * FWD_STAGES);
 
-    float o[64], s[64];
-    for (int i = 0; i < 64; i++) o[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
-    const int64_t my_row[2] = {q0 + wg * 64 + warp * 16 + g, q0 + wg * 64 + warp * 16 + g + 8};
-    const uint32_t q_base = smem_u32(sQ) + wg * 64 * 128;  // this warpgroup's 64 rows, in each half
+__global__ void __launch_bounds__(THREADS, 1)
+    forward_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                   const __grid_constant__ CUtensorMap map_v, const FwdParams p) {
+    const uint32_t sQ = aligned_smem(), sK = sQ + TILE, sV = sK + FWD_STAGES * TILE;
+    const uint32_t bars = sV + FWD_STAGES * TILE;
+    const uint32_t q_full = bars;
+    auto k_full = [&](int s) { return bars + 8 * (1 + s); };
+    auto v_full = [&](int s) { return bars + 8 * (1 + FWD_STAGES + s); };
+    auto empty = [&](int s) { return bars + 8 * (1 + 2 * FWD_STAGES + s); };
 
-    for (int64_t kt = 0; kt < n_tiles; kt++) {
-        const int stage = kt & 1;
-        if (kt + 1 < n_tiles) {
-            load_swizzled(smem_u32(sK + (stage ^ 1) * TILE_BYTES), K, p.ldk, (kt + 1) * BK, p.seq);
-            load_plain(sV + (stage ^ 1) * 128 * VLD, V, p.ldv, (kt + 1) * BK, p.seq);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        transpose_v(sVt, sV + stage * 128 * VLD);
-        fence_proxy_async();  // ordinary and cp.async writes, then read by the tensor cores
-        __syncthreads();
+    // Block -> (query tile, head, batch), the longest query tiles (most key tiles) first.
+    const int64_t heads_x_batch = (int64_t)p.n_heads * p.batch;
+    const int64_t q_tile = p.n_q_tiles - 1 - blockIdx.x / heads_x_batch;
+    const int h = (int)(blockIdx.x % heads_x_batch % p.n_heads), b = (int)(blockIdx.x % heads_x_batch / p.n_heads);
+    const int kvh = h / p.group;
+    const int64_t q0 = q_tile * 128, n_kv_tiles = q_tile + 1;
 
-        // S = Q K^T: 64 rows x 128 keys per warpgroup.
-        const uint32_t k_base = smem_u32(sK + stage * TILE_BYTES);
-        fence_regs(s, 64);
-        wgmma_fence();
-        for (int k = 0; k < HD / 16; k++)
-            wgmma_ss(s, slice_desc(q_base, k, 128), slice_desc(k_base, k, 128), k > 0);
-        wgmma_commit();
-        wgmma_wait0();
-        fence_regs(s, 64);
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < FWD_STAGES; s++) mbar_init(k_full(s), 1), mbar_init(v_full(s), 1), mbar_init(empty(s), 256);
+        mbar_init_fence();
+    }
+    __syncthreads();
 
-        // Scale to log2 units, mask the future, online softmax (a quad of lanes holds a row).
-        const int64_t k0 = kt * BK;
-        const bool diagonal = k0 + BK > q0;
-        float tile_max[2] = {row_max[0], row_max[1]};
-        for (int j = 0; j < 16; j++)
-            for (int e = 0; e < 4; e++) {
-                float x = s[4 * j + e] * p.scale_log2;
-                if (diagonal && k0 + 8 * j + 2 * t + (e & 1) > my_row[e / 2]) x = -INFINITY;
-                s[4 * j + e] = x;
-                tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+    if (threadIdx.x < 128) {  // producer
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect_tx(q_full, TILE);
+            tma_tile(sQ, &map_q, q_full, h, q0, b, 128);
+            for (int64_t j = 0; j < n_kv_tiles; j++) {
+                const int s = (int)(j % FWD_STAGES);
+                if (j >= FWD_STAGES) mbar_wait(empty(s), (uint32_t)((j / FWD_STAGES - 1) & 1));
+                mbar_arrive_expect_tx(k_full(s), TILE);
+                tma_tile(sK + s * TILE, &map_k, k_full(s), kvh, j * 128, b, 128);
+                mbar_arrive_expect_tx(v_full(s), TILE);
+                tma_tile(sV + s * TILE, &map_v, v_full(s), kvh, j * 128, b, 128);
             }
+        }
+        return;
+    }
+    setmaxnreg_inc<CONSUMER_REGS>();
+
+    const int c = threadIdx.x / 128 - 1;  // consumer: rows 64c..64c+63 of the tile
+    const Lane ln;
+    const uint32_t q_rows = sQ + c * 64 * 128;  // this consumer's rows, in each half of Q
+    float o[64], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.f;
+    mbar_wait(q_full, 0);
+
+    for (int64_t j = 0; j < n_kv_tiles; j++) {
+        const int s = (int)(j % FWD_STAGES);
+        const uint32_t phase = (uint32_t)((j / FWD_STAGES) & 1);
+        mbar_wait(k_full(s), phase);
+
+        // S = Q K^T: 64 rows x 128 keys.
+        float sc[64];
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++)
+            wgmma_128_ss(sc, kmajor_desc(q_rows, k, 128), kmajor_desc(sK + s * TILE, k, 128), k > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<64>(sc);
+
+        // Online softmax in log2 units; on the diagonal tile (the last) mask keys after the row.
+        if (j == n_kv_tiles - 1) {
+#pragma unroll
+            for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (ln.col(jj, e) > c * 64 + ln.row(e / 2)) sc[4 * jj + e] = -INFINITY;
+        }
+        float scaled_max[2];
+#pragma unroll
         for (int r = 0; r < 2; r++) {
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-            // A row with no visible key yet (past the sequence's end) keeps max -inf: use 0.
-            const float m_new = tile_max[r] == -INFINITY ? 0.f : tile_max[r];
-            const float correction = exp2f(row_max[r] - m_new);
+            float mx = -INFINITY;
+#pragma unroll
+            for (int jj = 0; jj < 16; jj++) mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(row_max[r], mx * p.scale_log2);
+            scaled_max[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet
+            const float correction = exp2_fast(row_max[r] - scaled_max[r]);
             row_max[r] = m_new;
             row_sum[r] *= correction;
-            for (int j = 0; j < 16; j++) o[4 * j + 2 * r] *= correction, o[4 * j + 2 * r + 1] *= correction;
+#pragma unroll
+            for (int jj = 0; jj < 16; jj++) o[4 * jj + 2 * r] *= correction, o[4 * jj + 2 * r + 1] *= correction;
         }
         uint32_t pa[32];
-        for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+#pragma unroll
             for (int e = 0; e < 4; e++) {
-                s[4 * j + e] = exp2f(s[4 * j + e] - row_max[e / 2]);
-                row_sum[e / 2] += s[4 * j + e];
+                const float pr = exp2_fast(fmaf(sc[4 * jj + e], p.scale_log2, -scaled_max[e / 2]));
+                sc[4 * jj + e] = pr;
+                row_sum[e / 2] += pr;
             }
-        for (int kc = 0; kc < 8; kc++) {  // the C fragments of n-blocks 2kc, 2kc+1 = the A fragment of k step kc
-            pa[4 * kc + 0] = pack_bf16(s[8 * kc + 0], s[8 * kc + 1]);
-            pa[4 * kc + 1] = pack_bf16(s[8 * kc + 2], s[8 * kc + 3]);
-            pa[4 * kc + 2] = pack_bf16(s[8 * kc + 4], s[8 * kc + 5]);
-            pa[4 * kc + 3] = pack_bf16(s[8 * kc + 6], s[8 * kc + 7]);
-        }
+#pragma unroll
+        for (int kc = 0; kc < 8; kc++) to_a(pa + 4 * kc, sc, kc);
 
-        // O += P V: A = P from registers, B = V^T (K-major over keys).
-        const uint32_t v_base = smem_u32(sVt);
-        fence_regs(o, 64);
+        // O += P V: V read MN-major (keys are the k of this product, d its n).
+        mbar_wait(v_full(s), phase);
+        fence_regs<64>(o);
         wgmma_fence();
-        for (int kc = 0; kc < BK / 16; kc++) wgmma_rs(o, pa + 4 * kc, slice_desc(v_base, kc, 128));
+#pragma unroll
+        for (int kc = 0; kc < 8; kc++) wgmma_128_rs_mn(o, pa + 4 * kc, mnmajor_desc(sV + s * TILE, kc, 128));
         wgmma_commit();
-        wgmma_wait0();
-        fence_regs(o, 64);
-        __syncthreads();  // every warpgroup is done with this stage and with V^T
+        wgmma_wait<0>();
+        fence_regs<64>(o);
+        mbar_arrive(empty(s));
     }
 
+    const int64_t tok0 = (int64_t)b * p.seq;
+#pragma unroll
     for (int r = 0; r < 2; r++) {
         row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
         row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-        if (my_row[r] >= p.seq) continue;
+        const int64_t row = q0 + c * 64 + ln.row(r);
+        if (row >= p.seq) continue;
         const float inv = 1.f / row_sum[r];
-        bf16* orow = p.out + (tok0 + my_row[r]) * p.ldo + (int64_t)h * HD;
-        for (int j = 0; j < 16; j++)
-            *(__nv_bfloat162*)(orow + 8 * j + 2 * t) =
-                __floats2bfloat162_rn(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-        if (t == 0)
-            p.lse[((int64_t)b * p.n_heads + h) * p.seq + my_row[r]] = (row_max[r] + log2f(row_sum[r])) * LN2;
+        bf16* orow = p.out + (tok0 + row) * p.ldo + (int64_t)h * HD;
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+            *(__nv_bfloat162*)(orow + ln.col(jj, 0)) =
+                __floats2bfloat162_rn(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
+        if (ln.t == 0) p.lse[((int64_t)b * p.n_heads + h) * p.seq + row] = (row_max[r] + log2f(row_sum[r])) * LN2;
     }
 }
 
-
 // =============================================================================================
-// Backward (given delta = rowsum(dO * O)), deterministic as in attention.cu: one block per KV
-// tile computes dK and dV over every query head of its GQA group, one block per query tile
-// computes dQ. All products are wgmma; operands that a product needs with the other dimension
-// contiguous (Q and dO for dV, dK; K for dQ) are transposed in shared memory.
+// Backward.
 struct BwdParams {
-    const bf16 *q, *k, *v, *dout;
     const float *lse, *delta;
     bf16 *dq, *dk, *dv;
-    int64_t ldq, ldk, ldv, lddo, lddq, lddk, lddv, seq;
-    int n_heads, group;
+    int64_t lddq, lddk, lddv, seq, n_tiles;  // n_tiles: 128-row tiles of a sequence
+    int n_heads, n_kv_heads, batch, group;
     float scale, scale_log2;
     bool accumulate_dkv;
 };
+constexpr int BWD_STAGES = 2;
+constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per step of dQ's
 
-// C fragments of an m64nN accumulator, columns 16kc..16kc+15 -> the A fragment of k step kc.
-__device__ inline void to_a(uint32_t* a, const float* c, int kc) {
-    a[0] = pack_bf16(c[8 * kc + 0], c[8 * kc + 1]);
-    a[1] = pack_bf16(c[8 * kc + 2], c[8 * kc + 3]);
-    a[2] = pack_bf16(c[8 * kc + 4], c[8 * kc + 5]);
-    a[3] = pack_bf16(c[8 * kc + 6], c[8 * kc + 7]);
-}
+// ---- dK, dV: one block per 128 keys of one KV head.
+constexpr int DKDV_SMEM = 1024 + 2 * TILE + BWD_STAGES * (2 * HALF_TILE + 2 * BQ * 4) + 8 * (1 + 2 * BWD_STAGES);
 
-constexpr int QT = 64;  // query rows per step of the dK/dV kernel; key rows per step of dQ's
-constexpr int DKDV_SMEM = 1024 + 2 * TILE_BYTES /*K, V*/ + 4 * (TILE_BYTES / 2) /*Q, dO, Q^T, dO^T*/ +
-                          2 * QT * VLD * 2 /*staging*/ + 2 * QT * 4;
-
-__global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(BwdParams p) {
+__global__ void __launch_bounds__(THREADS, 1)
+    dkdv_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
+                const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
+                const BwdParams p) {
+    const uint32_t sK = aligned_smem(), sV = sK + TILE, sQ = sV + TILE, sdO = sQ + BWD_STAGES * HALF_TILE;
+    const uint32_t sStats = sdO + BWD_STAGES * HALF_TILE;  // [stage][lse * log2 e (64), delta (64)]
+    const uint32_t bars = sStats + BWD_STAGES * 2 * BQ * 4;
+    const uint32_t kv_full = bars;
+    auto full = [&](int s) { return bars + 8 * (1 + s); };
+    auto empty = [&](int s) { return bars + 8 * (1 + BWD_STAGES + s); };
     extern __shared__ unsigned char smem_raw[];
-    unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    unsigned char* sK = smem;                        // [128][128]
-    unsigned char* sV = sK + TILE_BYTES;             // [128][128]
-    unsigned char* sQ = sV + TILE_BYTES;             // [64][128]
-    unsigned char* sdO = sQ + TILE_BYTES / 2;        // [64][128]
-    unsigned char* sQt = sdO + TILE_BYTES / 2;       // [128][64]
-    unsigned char* sdOt = sQt + TILE_BYTES / 2;      // [128][64]
-    bf16* stQ = (bf16*)(sdOt + TILE_BYTES / 2);      // [64][VLD]
-    bf16* stdO = stQ + QT * VLD;                     // [64][VLD]
-    float* sLse = (float*)(stdO + QT * VLD);         // [64]
-    float* sDelta = sLse + QT;                       // [64]
+    float* stats = (float*)(smem_raw + (sStats - smem_u32(smem_raw)));
 
-    const int64_t k_tile = blockIdx.x;  // early key tiles see the most queries: first
-    const int kvh = blockIdx.y, b = blockIdx.z;
-    const int64_t k0 = k_tile * 128, tok0 = (int64_t)b * p.seq;
-    const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-    const int g = lane / 4, t = lane % 4;
-    const int64_t my_key[2] = {k0 + wg * 64 + warp * 16 + g, k0 + wg * 64 + warp * 16 + g + 8};
+    // Block -> (key tile, KV head, batch): early key tiles see the most queries, so first.
+    const int64_t heads_x_batch = (int64_t)p.n_kv_heads * p.batch;
+    const int64_t k_tile = blockIdx.x / heads_x_batch;
+    const int kvh = (int)(blockIdx.x % heads_x_batch % p.n_kv_heads), b = (int)(blockIdx.x % heads_x_batch / p.n_kv_heads);
+    const int64_t k0 = k_tile * 128;
+    const int64_t first_qt = k0 / BQ, n_qt = (p.seq + BQ - 1) / BQ;
 
-    load_swizzled(smem_u32(sK), p.k + tok0 * p.ldk + (int64_t)kvh * HD, p.ldk, k0, p.seq);
-    load_swizzled(smem_u32(sV), p.v + tok0 * p.ldv + (int64_t)kvh * HD, p.ldv, k0, p.seq);
-    cp_async_commit();
-    const uint32_t k_base = smem_u32(sK) + wg * 64 * 128, v_base = smem_u32(sV) + wg * 64 * 128;
-
-    float dk[64], dv[64], st[32], dpt[32];
-    for (int i = 0; i < 64; i++) dk[i] = 0.f, dv[i] = 0.f;
-    const int64_t first_qt = k0 / QT, n_qt = (p.seq + QT - 1) / QT;
-    for (int i = 0; i < p.group; i++) {
-        const int h = kvh * p.group + i;
-        const bf16* Q = p.q + tok0 * p.ldq + (int64_t)h * HD;
-        const bf16* dO = p.dout + tok0 * p.lddo + (int64_t)h * HD;
-        const int64_t head_row = ((int64_t)b * p.n_heads + h) * p.seq;
-        for (int64_t qt = first_qt; qt < n_qt; qt++) {
-            const int64_t q0 = qt * QT;
-            __syncthreads();  // the previous step's readers are done
-            load_swizzled<QT>(smem_u32(sQ), Q, p.ldq, q0, p.seq);
-            load_swizzled<QT>(smem_u32(sdO), dO, p.lddo, q0, p.seq);
-            load_plain<QT>(stQ, Q, p.ldq, q0, p.seq);
-            load_plain<QT>(stdO, dO, p.lddo, q0, p.seq);
-            cp_async_commit();
-            load_vec(sLse, p.lse + head_row, q0, p.seq, QT);
-            load_vec(sDelta, p.delta + head_row, q0, p.seq, QT);
-            cp_async_wait<0>();
-            __syncthreads();
-            transpose_v<QT>(sQt, stQ);
-            transpose_v<QT>(sdOt, stdO);
-            fence_proxy_async();
-            __syncthreads();
-
-            // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries per warpgroup.
-            fence_regs(st, 32), fence_regs(dpt, 32);
-            wgmma_fence();
-            for (int k = 0; k < HD / 16; k++)
-                wgmma_ss64(st, slice_desc(k_base, k, 128), slice_desc(smem_u32(sQ), k, QT), k > 0);
-            for (int k = 0; k < HD / 16; k++)
-                wgmma_ss64(dpt, slice_desc(v_base, k, 128), slice_desc(smem_u32(sdO), k, QT), k > 0);
-            wgmma_commit();
-            wgmma_wait0();
-            fence_regs(st, 32), fence_regs(dpt, 32);
-
-            // P^T = exp(scale s - lse) where the query sees the key; dS^T = P^T (dP^T - delta).
-            for (int j = 0; j < 8; j++)
-                for (int e = 0; e < 4; e++) {
-                    const int qi = 8 * j + 2 * t + (e & 1);
-                    const int64_t query = q0 + qi;
-                    const bool visible = query >= my_key[e / 2] && query < p.seq;
-                    const float pr = visible ? exp2f(st[4 * j + e] * p.scale_log2 - sLse[qi] * LOG2E) : 0.f;
-                    st[4 * j + e] = pr;
-                    dpt[4 * j + e] = pr * (dpt[4 * j + e] - sDelta[qi]);
-                }
-            uint32_t pa[16], dsa[16];
-            for (int kc = 0; kc < 4; kc++) to_a(pa + 4 * kc, st, kc), to_a(dsa + 4 * kc, dpt, kc);
-            // dV += P^T dO and dK += dS^T Q (k = the 64 queries).
-            fence_regs(dv, 64), fence_regs(dk, 64);
-            wgmma_fence();
-            for (int kc = 0; kc < 4; kc++) wgmma_rs(dv, pa + 4 * kc, slice_desc(smem_u32(sdOt), kc, 128));
-            for (int kc = 0; kc < 4; kc++) wgmma_rs(dk, dsa + 4 * kc, slice_desc(smem_u32(sQt), kc, 128));
-            wgmma_commit();
-            wgmma_wait0();
-            fence_regs(dv, 64), fence_regs(dk, 64);
-        }
+    if (threadIdx.x == 0) {
+        mbar_init(kv_full, 1);
+        for (int s = 0; s < BWD_STAGES; s++) mbar_init(full(s), 32), mbar_init(empty(s), 256);
+        mbar_init_fence();
     }
-    for (int r = 0; r < 2; r++) {
-        if (my_key[r] >= p.seq) continue;
-        bf16* dkrow = p.dk + (tok0 + my_key[r]) * p.lddk + (int64_t)kvh * HD;
-        bf16* dvrow = p.dv + (tok0 + my_key[r]) * p.lddv + (int64_t)kvh * HD;
-        for (int j = 0; j < 16; j++) {
-            __nv_bfloat162* kp = (__nv_bfloat162*)(dkrow + 8 * j + 2 * t);
-            __nv_bfloat162* vp = (__nv_bfloat162*)(dvrow + 8 * j + 2 * t);
-            float2 k_old = p.accumulate_dkv ? __bfloat1622float2(*kp) : make_float2(0.f, 0.f);
-            float2 v_old = p.accumulate_dkv ? __bfloat1622float2(*vp) : make_float2(0.f, 0.f);
-            *kp = __floats2bfloat162_rn(k_old.x + dk[4 * j + 2 * r] * p.scale, k_old.y + dk[4 * j + 2 * r + 1] * p.scale);
-            *vp = __floats2bfloat162_rn(v_old.x + dv[4 * j + 2 * r], v_old.y + dv[4 * j + 2 * r + 1]);
-        }
-    }
-}
+    __syncthreads();
 
-constexpr int DQ_SMEM = 1024 + 2 * TILE_BYTES /*Q, dO*/ + 3 * (TILE_BYTES / 2) /*K, V, K^T*/ + QT * VLD * 2 +
-                        2 * 128 * 4;
-
-__global__ void __launch_bounds__(THREADS, 1) dq_kernel(BwdParams p) {
-    extern __shared__ unsigned char smem_raw[];
-    unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    unsigned char* sQ = smem;                        // [128][128]
-    unsigned char* sdO = sQ + TILE_BYTES;            // [128][128]
-    unsigned char* sK = sdO + TILE_BYTES;            // [64][128]
-    unsigned char* sV = sK + TILE_BYTES / 2;         // [64][128]
-    unsigned char* sKt = sV + TILE_BYTES / 2;        // [128][64]
-    bf16* stK = (bf16*)(sKt + TILE_BYTES / 2);       // [64][VLD]
-    float* sLse = (float*)(stK + QT * VLD);          // [128]
-    float* sDelta = sLse + 128;                      // [128]
-
-    const int64_t q_tile = gridDim.x - 1 - blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z, kvh = h / p.group;
-    const int64_t q0 = q_tile * 128, tok0 = (int64_t)b * p.seq;
-    const int64_t head_row = ((int64_t)b * p.n_heads + h) * p.seq;
-    const bf16* K = p.k + tok0 * p.ldk + (int64_t)kvh * HD;
-    const bf16* V = p.v + tok0 * p.ldv + (int64_t)kvh * HD;
-    const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-    const int g = lane / 4, t = lane % 4;
-    const int rloc[2] = {wg * 64 + warp * 16 + g, wg * 64 + warp * 16 + g + 8};
-
-    load_swizzled(smem_u32(sQ), p.q + tok0 * p.ldq + (int64_t)h * HD, p.ldq, q0, p.seq);
-    load_swizzled(smem_u32(sdO), p.dout + tok0 * p.lddo + (int64_t)h * HD, p.lddo, q0, p.seq);
-    cp_async_commit();
-    load_vec(sLse, p.lse + head_row, q0, p.seq, 128);
-    load_vec(sDelta, p.delta + head_row, q0, p.seq, 128);
-    const uint32_t q_base = smem_u32(sQ) + wg * 64 * 128, do_base = smem_u32(sdO) + wg * 64 * 128;
-
-    float dq[64], s[32], dp[32];
-    for (int i = 0; i < 64; i++) dq[i] = 0.f;
-    const int64_t n_kt = min((q0 + 128 + QT - 1) / QT, (p.seq + QT - 1) / QT);
-    for (int64_t kt = 0; kt < n_kt; kt++) {
-        const int64_t k0 = kt * QT;
-        __syncthreads();
-        load_swizzled<QT>(smem_u32(sK), K, p.ldk, k0, p.seq);
-        load_swizzled<QT>(smem_u32(sV), V, p.ldv, k0, p.seq);
-        load_plain<QT>(stK, K, p.ldk, k0, p.seq);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        transpose_v<QT>(sKt, stK);
-        fence_proxy_async();
-        __syncthreads();
-
-        fence_regs(s, 32), fence_regs(dp, 32);
-        wgmma_fence();
-        for (int k = 0; k < HD / 16; k++)
-            wgmma_ss64(s, slice_desc(q_base, k, 128), slice_desc(smem_u32(sK), k, QT), k > 0);
-        for (int k = 0; k < HD / 16; k++)
-            wgmma_ss64(dp, slice_desc(do_base, k, 128), slice_desc(smem_u32(sV), k, QT), k > 0);
-        wgmma_commit();
-        wgmma_wait0();
-        fence_regs(s, 32), fence_regs(dp, 32);
-        for (int j = 0; j < 8; j++)
-            for (int e = 0; e < 4; e++) {
-                const int64_t key = k0 + 8 * j + 2 * t + (e & 1), query = q0 + rloc[e / 2];
-                const bool visible = key <= query && key < p.seq;
-                const float pr = visible ? exp2f(s[4 * j + e] * p.scale_log2 - sLse[rloc[e / 2]] * LOG2E) : 0.f;
-                dp[4 * j + e] = pr * (dp[4 * j + e] - sDelta[rloc[e / 2]]);
+    if (threadIdx.x < 128) {  // producer: warp 0 (lane 0 the copies, every lane lse and delta)
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x < 32) {
+            const int lane = threadIdx.x;
+            if (lane == 0) {
+                mbar_arrive_expect_tx(kv_full, 2 * TILE);
+                tma_tile(sK, &map_k, kv_full, kvh, k0, b, 128);
+                tma_tile(sV, &map_v, kv_full, kvh, k0, b, 128);
             }
-        uint32_t dsa[16];
-        for (int kc = 0; kc < 4; kc++) to_a(dsa + 4 * kc, dp, kc);
-        fence_regs(dq, 64);
-        wgmma_fence();
-        for (int kc = 0; kc < 4; kc++) wgmma_rs(dq, dsa + 4 * kc, slice_desc(smem_u32(sKt), kc, 128));
-        wgmma_commit();
-        wgmma_wait0();
-        fence_regs(dq, 64);
+            int64_t step = 0;
+            for (int i = 0; i < p.group; i++) {
+                const int h = kvh * p.group + i;
+                const int64_t head_row = ((int64_t)b * p.n_heads + h) * p.seq;
+                for (int64_t qt = first_qt; qt < n_qt; qt++, step++) {
+                    const int s = (int)(step % BWD_STAGES);
+                    if (step >= BWD_STAGES) mbar_wait(empty(s), (uint32_t)((step / BWD_STAGES - 1) & 1));
+                    const int64_t q0 = qt * BQ;
+                    float* st = stats + s * 2 * BQ;
+                    for (int r = lane; r < BQ; r += 32) {
+                        const bool valid = q0 + r < p.seq;
+                        st[r] = valid ? p.lse[head_row + q0 + r] * LOG2E : 0.f;
+                        st[BQ + r] = valid ? p.delta[head_row + q0 + r] : 0.f;
+                    }
+                    if (lane == 0) {
+                        mbar_arrive_expect_tx(full(s), 2 * HALF_TILE);
+                        tma_tile(sQ + s * HALF_TILE, &map_q, full(s), h, q0, b, BQ);
+                        tma_tile(sdO + s * HALF_TILE, &map_do, full(s), h, q0, b, BQ);
+                    } else {
+                        mbar_arrive(full(s));
+                    }
+                }
+            }
+        }
+        return;
     }
+    setmaxnreg_inc<CONSUMER_REGS>();
+
+    const int c = threadIdx.x / 128 - 1;  // consumer: keys 64c..64c+63 of the tile
+    const Lane ln;
+    const uint32_t k_rows = sK + c * 64 * 128, v_rows = sV + c * 64 * 128;
+    float dk[64], dv[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) dk[i] = 0.f, dv[i] = 0.f;
+    mbar_wait(kv_full, 0);
+
+    int64_t step = 0;
+    for (int i = 0; i < p.group; i++)
+        for (int64_t qt = first_qt; qt < n_qt; qt++, step++) {
+            const int s = (int)(step % BWD_STAGES);
+            const int64_t q0 = qt * BQ;
+            mbar_wait(full(s), (uint32_t)((step / BWD_STAGES) & 1));
+            const uint32_t q_tile = sQ + s * HALF_TILE, do_tile = sdO + s * HALF_TILE;
+            // Every query of this tile precedes every key of this consumer: nothing to add.
+            if (q0 + BQ - 1 < k0 + c * 64) {
+                mbar_arrive(empty(s));
+                continue;
+            }
+            // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries.
+            float st[32], dpt[32];
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < HD / 16; k++) wgmma_64_ss(st, kmajor_desc(k_rows, k, 128), kmajor_desc(q_tile, k, BQ), k > 0);
+            wgmma_commit();
+#pragma unroll
+            for (int k = 0; k < HD / 16; k++) wgmma_64_ss(dpt, kmajor_desc(v_rows, k, 128), kmajor_desc(do_tile, k, BQ), k > 0);
+            wgmma_commit();
+
+            // P^T = exp(scale s - lse) where the query sees the key, while dP^T is computed.
+            const float* lse2 = stats + s * 2 * BQ;
+            const float* delta = lse2 + BQ;
+            wgmma_wait<1>();
+            fence_regs<32>(st);
+            const bool edge = q0 < k0 + 128 || q0 + BQ > p.seq;
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int qi = ln.col(jj, e);
+                    float pr = exp2_fast(fmaf(st[4 * jj + e], p.scale_log2, -lse2[qi]));
+                    if (edge && (q0 + qi < k0 + c * 64 + ln.row(e / 2) || q0 + qi >= p.seq)) pr = 0.f;
+                    st[4 * jj + e] = pr;
+                }
+            wgmma_wait<0>();
+            fence_regs<32>(dpt);
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - delta[ln.col(jj, e)]);
+            uint32_t pa[16], dsa[16];
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) to_a(pa + 4 * kc, st, kc), to_a(dsa + 4 * kc, dpt, kc);
+
+            // dV += P^T dO, dK += dS^T Q: dO and Q read MN-major (queries are the k, d the n).
+            fence_regs<64>(dv), fence_regs<64>(dk);
+            wgmma_fence();
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) wgmma_128_rs_mn(dv, pa + 4 * kc, mnmajor_desc(do_tile, kc, BQ));
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) wgmma_128_rs_mn(dk, dsa + 4 * kc, mnmajor_desc(q_tile, kc, BQ));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs<64>(dv), fence_regs<64>(dk);
+            mbar_arrive(empty(s));
+        }
+
+    const int64_t tok0 = (int64_t)b * p.seq;
+#pragma unroll
     for (int r = 0; r < 2; r++) {
-        const int64_t query = q0 + rloc[r];
-        if (query >= p.seq) continue;
-        bf16* row = p.dq + (tok0 + query) * p.lddq + (int64_t)h * HD;
-        for (int j = 0; j < 16; j++)
-            *(__nv_bfloat162*)(row + 8 * j + 2 * t) =
-                __floats2bfloat162_rn(dq[4 * j + 2 * r] * p.scale, dq[4 * j + 2 * r + 1] * p.scale);
+        const int64_t key = k0 + c * 64 + ln.row(r);
+        if (key >= p.seq) continue;
+        bf16* dkrow = p.dk + (tok0 + key) * p.lddk + (int64_t)kvh * HD;
+        bf16* dvrow = p.dv + (tok0 + key) * p.lddv + (int64_t)kvh * HD;
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++) {
+            __nv_bfloat162* kp = (__nv_bfloat162*)(dkrow + ln.col(jj, 0));
+            __nv_bfloat162* vp = (__nv_bfloat162*)(dvrow + ln.col(jj, 0));
+            const float2 k_old = p.accumulate_dkv ? __bfloat1622float2(*kp) : make_float2(0.f, 0.f);
+            const float2 v_old = p.accumulate_dkv ? __bfloat1622float2(*vp) : make_float2(0.f, 0.f);
+            *kp = __floats2bfloat162_rn(k_old.x + dk[4 * jj + 2 * r] * p.scale, k_old.y + dk[4 * jj + 2 * r + 1] * p.scale);
+            *vp = __floats2bfloat162_rn(v_old.x + dv[4 * jj + 2 * r], v_old.y + dv[4 * jj + 2 * r + 1]);
+        }
     }
 }
+
+// ---- dQ: one block per 128 query rows of one head.
+constexpr int DQ_SMEM = 1024 + 2 * TILE + BWD_STAGES * 2 * HALF_TILE + 8 * (1 + 2 * BWD_STAGES);
+
+__global__ void __launch_bounds__(THREADS, 1)
+    dq_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
+              const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v, const BwdParams p) {
+    const uint32_t sQ = aligned_smem(), sdO = sQ + TILE, sK = sdO + TILE, sV = sK + BWD_STAGES * HALF_TILE;
+    const uint32_t bars = sV + BWD_STAGES * HALF_TILE;
+    const uint32_t q_full = bars;
+    auto full = [&](int s) { return bars + 8 * (1 + s); };
+    auto empty = [&](int s) { return bars + 8 * (1 + BWD_STAGES + s); };
+
+    const int64_t heads_x_batch = (int64_t)p.n_heads * p.batch;
+    const int64_t q_tile = p.n_tiles - 1 - blockIdx.x / heads_x_batch;  // longest first
+    const int h = (int)(blockIdx.x % heads_x_batch % p.n_heads), b = (int)(blockIdx.x % heads_x_batch / p.n_heads);
+    const int kvh = h / p.group;
+    const int64_t q0 = q_tile * 128;
+    const int64_t n_kt = min((q0 + 128) / BQ, (p.seq + BQ - 1) / BQ);
+
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < BWD_STAGES; s++) mbar_init(full(s), 1), mbar_init(empty(s), 256);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {  // producer
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect_tx(q_full, 2 * TILE);
+            tma_tile(sQ, &map_q, q_full, h, q0, b, 128);
+            tma_tile(sdO, &map_do, q_full, h, q0, b, 128);
+            for (int64_t kt = 0; kt < n_kt; kt++) {
+                const int s = (int)(kt % BWD_STAGES);
+                if (kt >= BWD_STAGES) mbar_wait(empty(s), (uint32_t)((kt / BWD_STAGES - 1) & 1));
+                mbar_arrive_expect_tx(full(s), 2 * HALF_TILE);
+                tma_tile(sK + s * HALF_TILE, &map_k, full(s), kvh, kt * BQ, b, BQ);
+                tma_tile(sV + s * HALF_TILE, &map_v, full(s), kvh, kt * BQ, b, BQ);
+            }
+        }
+        return;
+    }
+    setmaxnreg_inc<CONSUMER_REGS>();
+
+    const int c = threadIdx.x / 128 - 1;  // consumer: rows 64c..64c+63 of the tile
+    const Lane ln;
+    const uint32_t q_rows = sQ + c * 64 * 128, do_rows = sdO + c * 64 * 128;
+    const int64_t head_row = ((int64_t)b * p.n_heads + h) * p.seq;
+    float lse2[2], delta[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t row = q0 + c * 64 + ln.row(r);
+        lse2[r] = row < p.seq ? p.lse[head_row + row] * LOG2E : 0.f;
+        delta[r] = row < p.seq ? p.delta[head_row + row] : 0.f;
+    }
+    float dq[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) dq[i] = 0.f;
+    mbar_wait(q_full, 0);
+
+    for (int64_t kt = 0; kt < n_kt; kt++) {
+        const int s = (int)(kt % BWD_STAGES);
+        const int64_t k0 = kt * BQ;
+        mbar_wait(full(s), (uint32_t)((kt / BWD_STAGES) & 1));
+        const uint32_t k_tile = sK + s * HALF_TILE, v_tile = sV + s * HALF_TILE;
+        if (k0 > q0 + c * 64 + 63) {  // every key after every row of this consumer
+            mbar_arrive(empty(s));
+            continue;
+        }
+        float sc[32], dp[32];
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(sc, kmajor_desc(q_rows, k, 128), kmajor_desc(k_tile, k, BQ), k > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(dp, kmajor_desc(do_rows, k, 128), kmajor_desc(v_tile, k, BQ), k > 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs<32>(sc);
+        const bool diagonal = k0 + BQ - 1 > q0 + c * 64;
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float pr = exp2_fast(fmaf(sc[4 * jj + e], p.scale_log2, -lse2[e / 2]));
+                if (diagonal && k0 + ln.col(jj, e) > q0 + c * 64 + ln.row(e / 2)) pr = 0.f;
+                sc[4 * jj + e] = pr;
+            }
+        wgmma_wait<0>();
+        fence_regs<32>(dp);
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dp[4 * jj + e] = sc[4 * jj + e] * (dp[4 * jj + e] - delta[e / 2]);
+        uint32_t dsa[16];
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) to_a(dsa + 4 * kc, dp, kc);
+        // dQ += dS K: K read MN-major (keys are the k of this product, d its n).
+        fence_regs<64>(dq);
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) wgmma_128_rs_mn(dq, dsa + 4 * kc, mnmajor_desc(k_tile, kc, BQ));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<64>(dq);
+        mbar_arrive(empty(s));
+    }
+
+    const int64_t tok0 = (int64_t)b * p.seq;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t row = q0 + c * 64 + ln.row(r);
+        if (row >= p.seq) continue;
+        bf16* out = p.dq + (tok0 + row) * p.lddq + (int64_t)h * HD;
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+            *(__nv_bfloat162*)(out + ln.col(jj, 0)) =
+                __floats2bfloat162_rn(dq[4 * jj + 2 * r] * p.scale, dq[4 * jj + 2 * r + 1] * p.scale);
+    }
+}
+
+// =============================================================================================
+// Host side: tensor maps, eligibility, launches.
+
+// cuTensorMapEncodeTiled is a driver function; get it through the runtime so that the binaries
+// do not link libcuda (and start on machines without a driver).
+PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (!fn) {
+        void* ptr = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess || !ptr) runtime_error("attention: cuTensorMapEncodeTiled not found");
+        fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+    }
+    return fn;
+}
+
+// The view [batch][seq][heads * 128] of rows `ld` elements apart, read in boxes of 64 columns
+// x `rows` rows with the 128-byte swizzle. Rows past a sequence's end read as zeros.
+CUtensorMap tensor_map(const bf16* base, int heads, int64_t ld, int64_t seq, int batch, int rows) {
+    CUtensorMap map;
+    const cuuint64_t dims[3] = {(cuuint64_t)heads * HD, (cuuint64_t)seq, (cuuint64_t)batch};
+    const cuuint64_t strides[2] = {(cuuint64_t)ld * 2, (cuuint64_t)(seq * ld * 2)};
+    const cuuint32_t box[3] = {64, (cuuint32_t)rows, 1}, elem_strides[3] = {1, 1, 1};
+    const CUresult r = encode_function()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void*)base, dims, strides, box,
+                                         elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) runtime_error("attention: cuTensorMapEncodeTiled failed (" + std::to_string((int)r) + ")");
+    return map;
+}
+
+bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 
 }  // namespace hopper
 
-// Same arguments as attention_forward (head dim 128 only).
+// Whether the Hopper kernels can run this call: head dim 128, an sm_90 device, the alignment
+// TMA needs (16-byte base addresses and row strides), sequences within TMA's 32-bit rows.
+static bool hopper_device() {
+    static int answer = -1;
+    if (answer < 0) {
+        int dev = 0, major = 0, minor = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        answer = major == 9 && minor == 0;
+    }
+    return answer == 1;
+}
+static bool attention_hopper_applies(const AttentionShape& sh, std::initializer_list<const void*> ptrs,
+                              std::initializer_list<int64_t> lds) {
+    if (sh.head_dim != 128 || sh.seq >= ((int64_t)1 << 31) || !hopper_device()) return false;
+    for (const void* p : ptrs)
+        if (!hopper::aligned16(p)) return false;
+    for (int64_t ld : lds)
+        if (ld % 8 != 0) return false;
+    return true;
+}
+
 void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
-    if (sh.head_dim != 128) usage_error("attention_forward_hopper: head dim 128 only");
+    if (!attention_hopper_applies(sh, {a.q, a.k, a.v}, {a.ldq, a.ldk, a.ldv}))
+        usage_error("attention_forward_hopper: needs head dim 128, sm_90, 16-byte aligned q, k, v");
     if (sh.seq == 0 || sh.batch == 0) return;
-    hopper::Params p{};
-    p.q = a.q, p.k = a.k, p.v = a.v, p.out = a.out, p.lse = a.lse;
-    p.ldq = a.ldq, p.ldk = a.ldk, p.ldv = a.ldv, p.ldo = a.ldo, p.seq = sh.seq;
-    p.n_heads = sh.n_heads, p.group = sh.n_heads / sh.n_kv_heads;
+    using namespace hopper;
+    FwdParams p{};
+    p.out = a.out, p.lse = a.lse, p.ldo = a.ldo, p.seq = sh.seq, p.n_q_tiles = (sh.seq + 127) / 128;
+    p.n_heads = sh.n_heads, p.batch = sh.batch, p.group = sh.n_heads / sh.n_kv_heads;
     p.scale_log2 = (1.0f / sqrtf((float)sh.head_dim)) * LOG2E;
+    const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, 128);
+    const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, 128);
+    const CUtensorMap mv = tensor_map(a.v, sh.n_kv_heads, a.ldv, sh.seq, sh.batch, 128);
     static bool configured = false;
     if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(hopper::forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        hopper::SMEM_BYTES));
+        CUDA_CHECK(cudaFuncSetAttribute(forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, FWD_SMEM));
         configured = true;
     }
-    dim3 grid((unsigned)((sh.seq + hopper::BQ - 1) / hopper::BQ), sh.n_heads, sh.batch);
-    hopper::forward_kernel<<<grid, hopper::THREADS, hopper::SMEM_BYTES, s>>>(p);
+    const int64_t blocks = p.n_q_tiles * sh.n_heads * sh.batch;
+    forward_kernel<<<(unsigned)blocks, THREADS, FWD_SMEM, s>>>(mq, mk, mv, p);
     CUDA_CHECK_LAUNCH();
 }
 
-// Backward with delta given (a.out == nullptr), head dim 128: dk/dv kernel, then dq kernel.
-void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
-    if (sh.head_dim != 128 || a.out != nullptr) usage_error("attention_backward_hopper: head dim 128, delta given");
+// Backward with delta given (a.out == nullptr): the dK/dV kernel, then the dQ kernel (`parts`:
+// bit 0 the first, bit 1 the second; the bench times them apart).
+void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s, int parts) {
+    if (a.out != nullptr || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
+        usage_error("attention_backward_hopper: needs delta given, head dim 128, sm_90, 16-byte aligned inputs");
     if (sh.seq == 0 || sh.batch == 0) return;
-    hopper::BwdParams p{};
-    p.q = a.q, p.k = a.k, p.v = a.v, p.dout = a.dout, p.lse = a.lse, p.delta = a.delta;
-    p.dq = a.dq, p.dk = a.dk, p.dv = a.dv;
-    p.ldq = a.ldq, p.ldk = a.ldk, p.ldv = a.ldv, p.lddo = a.lddo, p.lddq = a.lddq, p.lddk = a.lddk, p.lddv = a.lddv;
-    p.seq = sh.seq, p.n_heads = sh.n_heads, p.group = sh.n_heads / sh.n_kv_heads;
+    using namespace hopper;
+    BwdParams p{};
+    p.lse = a.lse, p.delta = a.delta, p.dq = a.dq, p.dk = a.dk, p.dv = a.dv;
+    p.lddq = a.lddq, p.lddk = a.lddk, p.lddv = a.lddv, p.seq = sh.seq, p.n_tiles = (sh.seq + 127) / 128;
+    p.n_heads = sh.n_heads, p.n_kv_heads = sh.n_kv_heads, p.batch = sh.batch, p.group = sh.n_heads / sh.n_kv_heads;
     p.scale = 1.0f / sqrtf((float)sh.head_dim), p.scale_log2 = p.scale * LOG2E;
     p.accumulate_dkv = a.accumulate_dkv;
     static bool configured = false;
     if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(hopper::dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        hopper::DKDV_SMEM));
-        CUDA_CHECK(cudaFuncSetAttribute(hopper::dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, hopper::DQ_SMEM));
+        CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DKDV_SMEM));
+        CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DQ_SMEM));
         configured = true;
     }
-    dim3 grid_kv((unsigned)((sh.seq + 127) / 128), sh.n_kv_heads, sh.batch);
-    hopper::dkdv_kernel<<<grid_kv, hopper::THREADS, hopper::DKDV_SMEM, s>>>(p);
-    CUDA_CHECK_LAUNCH();
-    dim3 grid_q((unsigned)((sh.seq + 127) / 128), sh.n_heads, sh.batch);
-    hopper::dq_kernel<<<grid_q, hopper::THREADS, hopper::DQ_SMEM, s>>>(p);
-    CUDA_CHECK_LAUNCH();
+    if (parts & 1) {  // dK, dV: 64-row query tiles stream past 128 keys.
+        const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, BQ);
+        const CUtensorMap mdo = tensor_map(a.dout, sh.n_heads, a.lddo, sh.seq, sh.batch, BQ);
+        const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, 128);
+        const CUtensorMap mv = tensor_map(a.v, sh.n_kv_heads, a.ldv, sh.seq, sh.batch, 128);
+        const int64_t blocks = p.n_tiles * sh.n_kv_heads * sh.batch;
+        dkdv_kernel<<<(unsigned)blocks, THREADS, DKDV_SMEM, s>>>(mq, mdo, mk, mv, p);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (parts & 2) {  // dQ: 64-key tiles stream past 128 query rows.
+        const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, 128);
+        const CUtensorMap mdo = tensor_map(a.dout, sh.n_heads, a.lddo, sh.seq, sh.batch, 128);
+        const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, BQ);
+        const CUtensorMap mv = tensor_map(a.v, sh.n_kv_heads, a.ldv, sh.seq, sh.batch, BQ);
+        const int64_t blocks = p.n_tiles * sh.n_heads * sh.batch;
+        dq_kernel<<<(unsigned)blocks, THREADS, DQ_SMEM, s>>>(mq, mdo, mk, mv, p);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+// =============================================================================================
+// The dispatch the model calls.
+static bool use_reference = false;
+void attention_use_reference(bool on) { use_reference = on; }
+
+bool attention_uses_hopper(const AttentionShape& sh) {
+    return !use_reference && sh.head_dim == 128 && sh.seq < ((int64_t)1 << 31) && hopper_device();
+}
+
+void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
+    if (!use_reference && attention_hopper_applies(sh, {a.q, a.k, a.v}, {a.ldq, a.ldk, a.ldv}))
+        attention_forward_hopper(a, sh, s);
+    else
+        attention_forward_reference(a, sh, s);
+}
+
+void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
+    if (use_reference || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
+        return attention_backward_reference(a, sh, s);
+    AttentionBackwardArgs given = a;
+    if (a.out) {  // delta = rowsum(dout * out) first (Ulysses computes it on the token side)
+        attention_delta(a, sh, s);
+        given.out = nullptr;
+    }
+    attention_backward_hopper(given, sh, s);
 }

@@ -201,16 +201,27 @@ struct AttentionBackwardArgs {
     float* delta;  // [B, Hq, S]: rowsum(dout * out), computed here unless out is nullptr
     bool accumulate_dkv = false;  // dk, dv += this call's (Untied Ulysses sums a KV group's chunks)
 };
+// The training step calls these two: the fast Hopper kernels (attention_hopper.cu: head dim
+// 128 on an sm_90 GPU, 16-byte aligned inputs) unless the reference ones are selected or the
+// call is outside what the fast ones do; then attention.cu's kernels.
 void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
-void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh,
-                        cudaStream_t s);
+void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s);
+// Select attention.cu's kernels for every call (--attention reference; tests and benches).
+void attention_use_reference(bool on);
+bool attention_uses_hopper(const AttentionShape& sh);  // what the dispatch picks for this shape
 // The FLOPs of causal attention, REFERENCE.md's convention: forward 4*S*S*d*Hq/2 per sequence,
 // backward 2.5 x forward.
 double attention_forward_flops(const AttentionShape& sh);
-// The same on Hopper's wgmma (attention_hopper.cu; head dim 128; the backward needs delta given,
-// out == nullptr). Correct, not yet faster: not used by the model (see that file's header).
+// attention.cu: the readable reference kernels (mma.sync; head dim 64 or 128; any GPU since
+// sm_80) and the test oracle on the GPU; delta = rowsum(dout * out) alone.
+void attention_forward_reference(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
+void attention_backward_reference(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s);
+void attention_delta(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s);
+// attention_hopper.cu: wgmma + TMA, warp-specialized (head dim 128, sm_90; the backward needs
+// delta given, out == nullptr).
 void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
-void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s);
+void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s,
+                               int parts = 3);  // bit 0: the dK/dV kernel, bit 1: the dQ kernel
 
 // ---------------------------------------------------------------------------------------------
 // The model on one GPU (llama.cu).

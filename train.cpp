@@ -72,6 +72,8 @@ std::string usage_text() {
            "  --chunked            MLP, element-wise ops and the LM head + loss in token chunks\n"
            "  --untied[=K]         Untied Ulysses: attention in chunks of K query heads per GPU, one reused buffer set\n"
            "                       (default K = 1; implies --ckpt)\n"
+           "  --attention fast|reference  attention kernels: fast = attention_hopper.cu (wgmma + TMA; head dim 128 on\n"
+           "                       an sm_90 GPU, else the reference), reference = attention.cu (default fast)\n"
            "  --chunk-tokens N     tokens per chunk of a layer (default: the hidden size)\n"
            "  --loss-chunk-tokens N  tokens per chunk of the LM head and loss (default: logits near 1 GiB)\n"
            "\n"
@@ -201,7 +203,11 @@ Options parse_options(int argc, char** argv) {
         } else if (arg == "--offload") flag_only(), o.step.offload = true;
         else if (arg == "--chunked") flag_only(), o.step.chunked = true;
         else if (arg == "--untied") o.step.untied = has_value ? (int)parse_int(arg, value, 1, 1 << 16) : 1;
-        else if (arg == "--chunk-tokens") o.step.chunk_tokens = parse_tokens(arg, need());
+        else if (arg == "--attention") {
+            o.attention = need();
+            if (o.attention != "fast" && o.attention != "reference")
+                usage_error("--attention must be 'fast' or 'reference', got '" + o.attention + "'");
+        } else if (arg == "--chunk-tokens") o.step.chunk_tokens = parse_tokens(arg, need());
         else if (arg == "--loss-chunk-tokens") o.step.loss_chunk_tokens = parse_tokens(arg, need());
         else usage_error("unknown flag '" + std::string(argv[i]) + "' (see --help)");
     }
@@ -933,6 +939,7 @@ static int run(Options o, const Launch& launch) {
     CUDA_CHECK(cudaFree(0));  // create the context now, so its memory is counted as runtime
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, dm.device));
+    attention_use_reference(o.attention == "reference");
     gemm_init(0, nullptr);  // the cuBLASLt handle; workspace attached after allocation
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -1013,9 +1020,11 @@ static int run(Options o, const Launch& launch) {
         fprintf(log,
                 "{\"type\": \"setup\", \"command\": \"%s\", \"gpu\": \"%s\", \"config\": \"%s\", \"layers\": %d, "
                 "\"seq_len\": %lld, \"batch\": %d, \"world\": %d, \"simulated\": %s, \"local_tokens\": %lld, "
-                "\"params\": %lld, \"plan_gib\": %s, \"runtime_gib\": %.4f, \"nccl_gib\": %.4f, \"cap_gib\": %.3f}\n",
+                "\"params\": %lld, \"attention\": \"%s\", \"plan_gib\": %s, \"runtime_gib\": %.4f, \"nccl_gib\": %.4f, "
+                "\"cap_gib\": %.3f}\n",
                 json_escape(cmd).c_str(), prop.name, cfg.name.c_str(), cfg.n_layers, (long long)o.seq_len, o.batch,
                 world, simulated ? "true" : "false", (long long)m.shape.tokens(), (long long)count_params(cfg),
+                attention_uses_hopper({1, o.seq_len, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "hopper" : "reference",
                 json_memory(arena, host_bytes).c_str(), dm.runtime_bytes / GiB, nccl_gib, dm.cap_bytes / GiB);
         fflush(log);
     }
@@ -1052,6 +1061,10 @@ static int run(Options o, const Launch& launch) {
         if (data.file) printf("training %d steps on %s (%llu tokens)\n", o.steps, o.data_path.c_str(),
                               (unsigned long long)data.file->count);
         else printf("training %d steps on the '%s' task (tokens < %d)\n", o.steps, o.task.c_str(), o.task_vocab);
+        printf("  attention kernels: %s\n",
+               attention_uses_hopper({1, o.seq_len, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim})
+                   ? "attention_hopper.cu (wgmma + TMA)"
+                   : "attention.cu (reference)");
         if (!data.file && o.task == "copy")
             printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
     }

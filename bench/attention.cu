@@ -1,10 +1,17 @@
-// bench/attention.cu - forward and backward TFLOP/s of attention.cu's kernels.
+// bench/attention.cu - forward and backward TFLOP/s of the attention kernels the model uses
+// (attention_hopper.cu on Hopper, head dim 128), each shape first checked against attention.cu's
+// reference kernels on the same inputs.
 //
-//   build/bench_attention [--seqs 8K,16K,64K,128K] [--reps N] [--json FILE]
+//   build/bench_attention [--seqs 8K,16K,64K,128K,1M] [--reps N] [--reference] [--no-check] [--json FILE]
 //
 // Shapes: Llama 3.2 3B (24 query / 8 KV heads) and Llama 3.1 8B (32 / 8), head dim 128, bf16,
-// causal, one sequence. FLOPs as REFERENCE.md counts them: forward 4 S^2 d H / 2, backward 2.5x.
-// Times are CUDA-event medians of `reps` runs after two warm-up runs, on random inputs.
+// causal, one sequence. FLOPs as REFERENCE.md counts them: forward 4 S^2 d H / 2, backward 2.5x
+// (the backward's time includes its delta = rowsum(dO * O) kernel). Times are CUDA-event medians
+// of `reps` runs after two warm-up runs, on random N(0, 1) inputs.
+//   check        out, lse, dq, dk, dv of the fast kernels against the reference kernels' (relative
+//                L2 error over the whole tensors, computed on the device); a mismatch fails the run
+//   --reference  also time the reference kernels
+//   --no-check   skip the check (the reference backward takes minutes at 1M tokens)
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -19,9 +26,63 @@ static float median(std::vector<float> v) {
     return v[v.size() / 2];
 }
 
+// sum (a - b)^2 and sum b^2 over a [rows][cols] block of two strided bf16 or fp32 matrices.
+template <typename T>
+__global__ void diff_kernel(const T* a, const T* b, int64_t rows, int64_t cols, int64_t ld, double* sums) {
+    double num = 0, den = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * cols; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t off = (i / cols) * ld + i % cols;
+        const double x = (double)(float)a[off], y = (double)(float)b[off];
+        num += (x - y) * (x - y), den += y * y;
+        if (!(x == x)) num += INFINITY;  // NaN: poisoned output never written
+    }
+    for (int o = 16; o > 0; o >>= 1) num += __shfl_xor_sync(0xffffffffu, num, o), den += __shfl_xor_sync(0xffffffffu, den, o);
+    if (threadIdx.x % 32 == 0) atomicAdd(&sums[0], num), atomicAdd(&sums[1], den);
+}
+template <typename T>
+static double rel_error(const T* a, const T* b, int64_t rows, int64_t cols, int64_t ld) {
+    double* d;
+    CUDA_CHECK(cudaMalloc(&d, 16));
+    CUDA_CHECK(cudaMemset(d, 0, 16));
+    diff_kernel<T><<<1024, 256>>>(a, b, rows, cols, ld, d);
+    CUDA_CHECK_LAUNCH();
+    double h[2];
+    CUDA_CHECK(cudaMemcpy(h, d, 16, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(d));
+    return std::sqrt(h[0] / (h[1] > 0 ? h[1] : 1));
+}
+
+struct Timing { float fwd_ms, bwd_ms; };
+
+static Timing time_kernels(const AttentionForwardArgs& fa, const AttentionBackwardArgs& ba, const AttentionShape& sh,
+                           int reps) {
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    std::vector<float> tf, tb;
+    for (int r = 0; r < reps + 2; r++) {
+        float ms;
+        CUDA_CHECK(cudaEventRecord(e0));
+        attention_forward(fa, sh, 0);
+        CUDA_CHECK(cudaEventRecord(e1));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 2) tf.push_back(ms);
+        CUDA_CHECK(cudaEventRecord(e0));
+        attention_backward(ba, sh, 0);
+        CUDA_CHECK(cudaEventRecord(e1));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 2) tb.push_back(ms);
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return {median(tf), median(tb)};
+}
+
 int main(int argc, char** argv) {
     std::vector<int64_t> seqs = {8192, 16384, 65536, 131072};
     int reps = 10;
+    bool time_reference = false, check = true;
     std::string json;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -39,8 +100,12 @@ int main(int argc, char** argv) {
             reps = std::max(1, atoi(argv[++i]));
         } else if (a == "--json" && i + 1 < argc) {
             json = argv[++i];
+        } else if (a == "--reference") {
+            time_reference = true;
+        } else if (a == "--no-check") {
+            check = false;
         } else {
-            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--json FILE]\n");
+            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--reference] [--no-check] [--json FILE]\n");
             return 2;
         }
     }
@@ -52,15 +117,17 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     FILE* jf = json.empty() ? nullptr : fopen(json.c_str(), "w");
-    printf("attention.cu on %s, bf16, causal, head dim 128, median of %d\n", prop.name, reps);
-    printf("%-12s %9s %10s %10s %10s %10s\n", "shape", "seq", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s");
+    printf("attention on %s, bf16, causal, head dim 128, median of %d\n", prop.name, reps);
+    printf("%-10s %-8s %8s %9s %9s %9s %9s  %s\n", "kernels", "shape", "seq", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
+           "check against the reference (relative L2 error)");
+    int failed = 0;
     struct Shape { const char* name; int hq, hkv; };
     for (Shape shp : {Shape{"3B 24/8", 24, 8}, Shape{"8B 32/8", 32, 8}})
         for (int64_t S : seqs) {
             const int d = 128;
             const int64_t qd = (int64_t)shp.hq * d, kd = (int64_t)shp.hkv * d, ld = qd + 2 * kd;
-            bf16 *qkv, *out, *dout, *dqkv;
-            float *lse, *delta;
+            bf16 *qkv, *out, *dout, *dqkv, *out_ref = nullptr, *dqkv_ref = nullptr;
+            float *lse, *delta, *lse_ref = nullptr;
             CUDA_CHECK(cudaMalloc(&qkv, S * ld * 2));
             CUDA_CHECK(cudaMalloc(&dqkv, S * ld * 2));
             CUDA_CHECK(cudaMalloc(&out, S * qd * 2));
@@ -78,37 +145,61 @@ int main(int argc, char** argv) {
             AttentionForwardArgs fa{qkv, qkv + qd, qkv + qd + kd, ld, ld, ld, out, qd, lse};
             AttentionBackwardArgs ba{qkv, qkv + qd, qkv + qd + kd, out, dout, ld, ld, ld, qd, qd,
                                      lse, dqkv, dqkv + qd, dqkv + qd + kd, ld, ld, ld, delta};
-            cudaEvent_t e0, e1;
-            CUDA_CHECK(cudaEventCreate(&e0));
-            CUDA_CHECK(cudaEventCreate(&e1));
-            std::vector<float> tf, tb;
-            for (int r = 0; r < reps + 2; r++) {
-                float ms;
-                CUDA_CHECK(cudaEventRecord(e0));
+            const char* kernels = attention_uses_hopper(sh) ? "hopper" : "reference";
+
+            std::string verdict = "not checked";
+            double err[5] = {0, 0, 0, 0, 0};
+            if (check) {  // the reference kernels into their own buffers, the fast ones into poisoned ones
+                CUDA_CHECK(cudaMalloc(&out_ref, S * qd * 2));
+                CUDA_CHECK(cudaMalloc(&dqkv_ref, S * ld * 2));
+                CUDA_CHECK(cudaMalloc(&lse_ref, S * shp.hq * 4));
+                AttentionForwardArgs fr = fa;
+                fr.out = out_ref, fr.lse = lse_ref;
+                AttentionBackwardArgs br = ba;
+                br.out = out_ref, br.lse = lse_ref, br.dq = dqkv_ref, br.dk = dqkv_ref + qd, br.dv = dqkv_ref + qd + kd;
+                attention_forward_reference(fr, sh, 0);
+                attention_backward_reference(br, sh, 0);
+                CUDA_CHECK(cudaMemset(out, 0xff, S * qd * 2));
+                CUDA_CHECK(cudaMemset(dqkv, 0xff, S * ld * 2));
+                CUDA_CHECK(cudaMemset(lse, 0xff, S * shp.hq * 4));
                 attention_forward(fa, sh, 0);
-                CUDA_CHECK(cudaEventRecord(e1));
-                CUDA_CHECK(cudaEventSynchronize(e1));
-                CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-                if (r >= 2) tf.push_back(ms);
-                CUDA_CHECK(cudaEventRecord(e0));
                 attention_backward(ba, sh, 0);
-                CUDA_CHECK(cudaEventRecord(e1));
-                CUDA_CHECK(cudaEventSynchronize(e1));
-                CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-                if (r >= 2) tb.push_back(ms);
+                err[0] = rel_error(out, out_ref, S, qd, qd);
+                err[1] = rel_error(lse, lse_ref, 1, S * shp.hq, 0);
+                err[2] = rel_error(dqkv, dqkv_ref, S, qd, ld);
+                err[3] = rel_error(dqkv + qd, dqkv_ref + qd, S, kd, ld);
+                err[4] = rel_error(dqkv + qd + kd, dqkv_ref + qd + kd, S, kd, ld);
+                const bool ok = err[0] < 1e-2 && err[1] < 1e-5 && err[2] < 1e-2 && err[3] < 1e-2 && err[4] < 1e-2;
+                failed += !ok;
+                char buf[160];
+                snprintf(buf, sizeof buf, "out %.1e lse %.1e dq %.1e dk %.1e dv %.1e %s", err[0], err[1], err[2], err[3],
+                         err[4], ok ? "ok" : "MISMATCH");
+                verdict = buf;
             }
-            double flops = attention_forward_flops(sh);
-            float mf = median(tf), mb = median(tb);
-            double tff = flops / (mf * 1e-3) / 1e12, tfb = 2.5 * flops / (mb * 1e-3) / 1e12;
-            printf("%-12s %9lld %10.3f %10.1f %10.3f %10.1f\n", shp.name, (long long)S, mf, tff, mb, tfb);
-            if (jf)
-                fprintf(jf, "{\"shape\": \"%s\", \"seq\": %lld, \"fwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
-                            "\"bwd_ms\": %.4f, \"bwd_tflops\": %.2f, \"gpu\": \"%s\"}\n",
-                        shp.name, (long long)S, mf, tff, mb, tfb, prop.name);
-            fflush(stdout);
+            const Timing t = time_kernels(fa, ba, sh, reps);
+            const double flops = attention_forward_flops(sh);
+            auto report = [&](const char* which, Timing tm, const std::string& note) {
+                const double tff = flops / (tm.fwd_ms * 1e-3) / 1e12, tfb = 2.5 * flops / (tm.bwd_ms * 1e-3) / 1e12;
+                printf("%-10s %-8s %8lld %9.3f %9.1f %9.3f %9.1f  %s\n", which, shp.name, (long long)S, tm.fwd_ms, tff,
+                       tm.bwd_ms, tfb, note.c_str());
+                if (jf)
+                    fprintf(jf, "{\"kernels\": \"%s\", \"shape\": \"%s\", \"seq\": %lld, \"fwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
+                                "\"bwd_ms\": %.4f, \"bwd_tflops\": %.2f, \"checked\": %s, \"rel_err\": [%.3e, %.3e, %.3e, %.3e, %.3e], "
+                                "\"gpu\": \"%s\"}\n",
+                            which, shp.name, (long long)S, tm.fwd_ms, tff, tm.bwd_ms, tfb,
+                            check && note != "" ? "true" : "false", err[0], err[1], err[2], err[3], err[4], prop.name);
+                fflush(stdout);
+            };
+            report(kernels, t, verdict);
+            if (time_reference && std::string(kernels) != "reference") {
+                attention_use_reference(true);
+                report("reference", time_kernels(fa, ba, sh, reps), "");
+                attention_use_reference(false);
+            }
             cudaFree(qkv), cudaFree(dqkv), cudaFree(out), cudaFree(dout), cudaFree(lse), cudaFree(delta);
-            cudaEventDestroy(e0), cudaEventDestroy(e1);
+            cudaFree(out_ref), cudaFree(dqkv_ref), cudaFree(lse_ref);
         }
     if (jf) fclose(jf);
-    return 0;
+    if (failed) fprintf(stderr, "bench_attention: %d shape(s) differ from the reference kernels\n", failed);
+    return failed ? 1 : 0;
 }

@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
     for (const Case& c : cases) {
         Buffers b = make(c.B, c.S, c.Hq, c.Hkv, 1234 + c.S);
         AttentionShape sh{c.B, c.S, c.Hq, c.Hkv, 128};
-        attention_forward(args(b, c.Hq, c.Hkv, false), sh, 0);
+        attention_forward_reference(args(b, c.Hq, c.Hkv, false), sh, 0);
         attention_forward_hopper(args(b, c.Hq, c.Hkv, true), sh, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         auto oa = download_bf16(b.out_a, b.T * c.Hq * 128), ob = download_bf16(b.out_b, b.T * c.Hq * 128);
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaMemcpy(la.data(), b.lse_a, la.size() * 4, cudaMemcpyDeviceToHost));
         CUDA_CHECK(cudaMemcpy(lb.data(), b.lse_b, lb.size() * 4, cudaMemcpyDeviceToHost));
         double eo = rel(ob, oa), el = rel(lb, la);
-        attention_backward(bargs(b, c.Hq, c.Hkv, false), sh, 0);
+        attention_backward_reference(bargs(b, c.Hq, c.Hkv, false), sh, 0);
         attention_backward_hopper(bargs(b, c.Hq, c.Hkv, true), sh, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         auto ga = download_bf16(b.dqkv_a, b.T * b.ld), gb = download_bf16(b.dqkv_b, b.T * b.ld);
@@ -128,22 +128,22 @@ int main(int argc, char** argv) {
     if (!bench) return failed ? 1 : 0;
     printf("shape      seq   ref ms  TF/s   wgmma ms  TF/s   (fwd, then bwd: ref includes its delta kernel)\n");
     for (int shape = 0; shape < 2; shape++)
-        for (int64_t S : {16384LL, 65536LL}) {
+        for (int64_t S : {8192LL, 16384LL, 65536LL}) {
             int Hq = shape ? 32 : 24, Hkv = 8;
             Buffers b = make(1, S, Hq, Hkv, 99);
             AttentionShape sh{1, S, Hq, Hkv, 128};
-            double flops = attention_forward_flops(sh), ms[4];
-            attention_forward(args(b, Hq, Hkv, false), sh, 0);
-            for (int k = 0; k < 4; k++) {
+            double flops = attention_forward_flops(sh), ms[6];
+            attention_forward_reference(args(b, Hq, Hkv, false), sh, 0);
+            for (int k = 0; k < 6; k++) {
                 cudaEvent_t e0, e1;
                 cudaEventCreate(&e0), cudaEventCreate(&e1);
                 std::vector<float> t;
                 for (int r = 0; r < 7; r++) {
                     cudaEventRecord(e0);
                     if (k == 1) attention_forward_hopper(args(b, Hq, Hkv, true), sh, 0);
-                    else if (k == 0) attention_forward(args(b, Hq, Hkv, false), sh, 0);
-                    else if (k == 2) attention_backward(bargs(b, Hq, Hkv, false), sh, 0);
-                    else attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0);
+                    else if (k == 0) attention_forward_reference(args(b, Hq, Hkv, false), sh, 0);
+                    else if (k == 2) attention_backward_reference(bargs(b, Hq, Hkv, false), sh, 0);
+                    else attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, k == 3 ? 3 : k - 3);
                     cudaEventRecord(e1);
                     cudaEventSynchronize(e1);
                     float x;
@@ -157,6 +157,9 @@ int main(int argc, char** argv) {
                    flops / ms[0] / 1e9, ms[1], flops / ms[1] / 1e9);
             printf("%s %6lld bwd %8.3f %6.1f %9.3f %6.1f\n", shape ? "8B 32/8" : "3B 24/8", (long long)S, ms[2],
                    2.5 * flops / ms[2] / 1e9, ms[3], 2.5 * flops / ms[3] / 1e9);
+            printf("%s %6lld bwd parts: dK/dV kernel %.3f ms (%.1f TF/s of its 4 products), dQ kernel %.3f ms (%.1f of its 3)\n",
+                   shape ? "8B 32/8" : "3B 24/8", (long long)S, ms[4], 2.0 * flops / ms[4] / 1e9, ms[5],
+                   1.5 * flops / ms[5] / 1e9);
             release(b);
         }
     return failed ? 1 : 0;

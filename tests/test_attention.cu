@@ -1,7 +1,9 @@
-// tests/test_attention.cu - flash attention forward and backward against the float64 reference:
-// GQA, head dims 64 and 128, sequence lengths that are not multiples of the tiles, q/k/v as
-// column slices of one fused QKV buffer (as the model uses them), poisoned outputs. Then one long
-// sequence whose element offsets pass 2^31, checked on sampled rows and keys in float64.
+// tests/test_attention.cu - flash attention forward and backward against the float64 reference,
+// for both kernel sets: attention.cu's (the reference kernels) and attention_hopper.cu's (the
+// fast ones the model uses on Hopper, head dim 128): GQA, head dims 64 and 128, sequence lengths
+// that are not multiples of the tiles, several sequences per call, q/k/v as column slices of one
+// fused QKV buffer (as the model uses them), poisoned outputs. Then one long sequence whose
+// element offsets pass 2^31, checked on sampled rows and keys in float64.
 #include <algorithm>
 #include <cmath>
 
@@ -14,12 +16,32 @@ struct Case {
     int B;
     int64_t S;
     int Hq, Hkv, d;
+    bool reference;  // attention.cu's kernels; else the dispatch's choice (attention_hopper.cu on Hopper)
 };
 
 std::string name(const Case& c) {
-    return "B" + std::to_string(c.B) + " S" + std::to_string(c.S) + " Hq" + std::to_string(c.Hq) + " Hkv" +
-           std::to_string(c.Hkv) + " d" + std::to_string(c.d);
+    return std::string(c.reference ? "reference" : "fast") + " B" + std::to_string(c.B) + " S" + std::to_string(c.S) +
+           " Hq" + std::to_string(c.Hq) + " Hkv" + std::to_string(c.Hkv) + " d" + std::to_string(c.d);
 }
+
+bool hopper_gpu() {
+    int dev = 0, major = 0, minor = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return major == 9 && minor == 0;
+}
+
+// Select the kernels of a case, and make sure the fast case really runs the fast kernels where
+// they exist (else both cases would test the reference twice). Restored at scope exit.
+struct KernelChoice {
+    KernelChoice(bool reference, const AttentionShape& sh) {
+        attention_use_reference(reference);
+        if (!reference && sh.head_dim == 128 && hopper_gpu()) EXPECT_TRUE(attention_uses_hopper(sh));
+        if (reference) EXPECT_FALSE(attention_uses_hopper(sh));
+    }
+    ~KernelChoice() { attention_use_reference(false); }
+};
 
 // A fused [T, (Hq + 2 Hkv) d] buffer on the device, and q, k, v as dense copies for the reference.
 struct Qkv {
@@ -61,6 +83,7 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     upload(qkv, in.fused), upload(d_dout, dout);
     poison(out.ptr, T * in.qd), poison(lse.ptr, lse.n), poison(dqkv.ptr, T * in.ld);
     AttentionShape sh{c.B, c.S, c.Hq, c.Hkv, c.d};
+    KernelChoice choice(c.reference, sh);
     AttentionForwardArgs fa{qkv, qkv + in.qd, qkv + in.qd + in.kd, in.ld, in.ld, in.ld, out, in.qd, lse};
     attention_forward(fa, sh, 0);
     AttentionBackwardArgs ba{qkv, qkv + in.qd, qkv + in.qd + in.kd, out, d_dout, in.ld, in.ld, in.ld, in.qd, in.qd,
@@ -94,23 +117,41 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     EXPECT_LT(rel_error(columns(sum, T, in.ld, in.qd + in.kd, in.kd), dv_sum), TOL_BF16);
 }
 
+// Every shape with the reference kernels; those of head dim 128 also with the fast ones.
+std::vector<Case> both_kernels(std::vector<Case> shapes) {
+    std::vector<Case> all;
+    for (Case c : shapes) {
+        c.reference = true, all.push_back(c);
+        if (c.d == 128) c.reference = false, all.push_back(c);
+    }
+    return all;
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCases,
-                         ::testing::Values(Case{1, 1, 2, 1, 64},        // a single token
-                                           Case{1, 64, 2, 2, 128},      // exactly one tile, no GQA
-                                           Case{2, 130, 4, 2, 64},      // two sequences, ragged tail
-                                           Case{1, 200, 6, 2, 128},     // GQA group of 3
-                                           Case{1, 333, 8, 1, 64},      // all heads share one KV head
-                                           Case{3, 97, 3, 3, 128}));    // odd everything
+                         ::testing::ValuesIn(both_kernels({
+                             Case{1, 1, 2, 1, 64},        // a single token
+                             Case{1, 1, 2, 1, 128},
+                             Case{1, 64, 2, 2, 128},      // exactly one (half) tile, no GQA
+                             Case{2, 130, 4, 2, 64},      // two sequences, ragged tail
+                             Case{1, 200, 6, 2, 128},     // GQA group of 3
+                             Case{1, 333, 8, 1, 64},      // all heads share one KV head
+                             Case{3, 97, 3, 3, 128},      // odd everything
+                             Case{2, 700, 4, 1, 128},     // many tiles, two sequences, group of 4
+                             Case{1, 1000, 8, 2, 128},    // many tiles, ragged tail
+                         })));
 
 // ---------------------------------------------------------------------------------------------
 // A long sequence: 2^18 + 77 tokens in a fused buffer with a row stride of 9216 elements, so row
 // offsets pass 2^31 elements (a 32-bit index would wrap). Checked in float64 on sampled query
 // rows (output, lse, dq) and sampled keys (dk, dv), using the device's lse and delta = rowsum(dO*O)
 // for the other rows (lse is itself checked on the sampled rows).
-TEST(AttentionLong, SampledRowsAndKeysMatchFloat64) {
+class AttentionLong : public ::testing::TestWithParam<bool> {};
+
+TEST_P(AttentionLong, SampledRowsAndKeysMatchFloat64) {
     REQUIRE_GPU();
+    const bool reference = GetParam();
     const uint64_t seed = fresh_seed();
-    SCOPED_TRACE("seed " + std::to_string(seed));
+    SCOPED_TRACE(std::string(reference ? "reference" : "fast") + " seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     const int64_t S = (1 << 18) + 77, ld = 9216;
     const int Hq = 2, Hkv = 1, d = 128;
@@ -128,6 +169,7 @@ TEST(AttentionLong, SampledRowsAndKeysMatchFloat64) {
     CUDA_CHECK(cudaMemcpy(dout.ptr, h_dout.data(), S * qd * 2, cudaMemcpyHostToDevice));
     poison(out.ptr, out.n), poison(lse.ptr, lse.n), poison(dqkv.ptr, dqkv.n);
     AttentionShape sh{1, S, Hq, Hkv, d};
+    KernelChoice choice(reference, sh);
     AttentionForwardArgs fa{qkv, qkv + qd, qkv + qd + kd, ld, ld, ld, out, qd, lse};
     attention_forward(fa, sh, 0);
     AttentionBackwardArgs ba{qkv, qkv + qd, qkv + qd + kd, out, dout, ld, ld, ld, qd, qd,
@@ -218,5 +260,8 @@ TEST(AttentionLong, SampledRowsAndKeysMatchFloat64) {
     EXPECT_LT(rel_error(got_dk, want_dk), TOL_BF16);
     EXPECT_LT(rel_error(got_dv, want_dv), TOL_BF16);
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AttentionLong, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "reference" : "fast"; });
 
 }  // namespace
