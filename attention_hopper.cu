@@ -56,6 +56,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <set>
 
 #include "attention_ptx.cuh"
 #include "llama.h"
@@ -175,6 +176,15 @@ __device__ inline void to_a(uint32_t* a, const float* c, int j) {
     a[3] = pack_bf16(c[8 * j + 6], c[8 * j + 7]);
 }
 
+// d (64 x 64, fp32) (+)= A (registers) * B (shared, K-major).
+__device__ inline void wgmma_64_rs(float* d, const uint32_t* a, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
 // Swizzled tiles start on 1024 bytes.
 __device__ inline uint32_t aligned_smem() {
     extern __shared__ unsigned char smem_raw[];
@@ -193,6 +203,26 @@ struct Lane {
     __device__ int col(int j, int e) const { return 8 * j + 2 * t + (e & 1); }
 };
 
+// Rows row0..row0+63 of a swizzled [R][128] tile as the register A operand of the 8 k-steps
+// over its columns (the fragment layout of to_a). Conflict-free: the 8 rows a load touches sit
+// in 8 different 16-byte chunks of their 128-byte lines.
+__device__ inline void load_a_operand(uint32_t* a, uint32_t tile, int row0, const Lane& ln, int R) {
+    auto at = [&](int r, int col) {
+        uint32_t v;
+        const uint32_t addr =
+            tile + (uint32_t)((col >> 6) * R * 128 + r * 128 + ((((col & 63) >> 3) ^ (r & 7)) << 4) + (col & 7) * 2);
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+        return v;
+    };
+    const int r = row0 + ln.row(0);
+#pragma unroll
+    for (int k = 0; k < HD / 16; k++) {
+        const int col = 16 * k + 2 * ln.t;
+        a[4 * k + 0] = at(r, col), a[4 * k + 1] = at(r + 8, col);
+        a[4 * k + 2] = at(r, col + 8), a[4 * k + 3] = at(r + 8, col + 8);
+    }
+}
+
 // =============================================================================================
 // Forward.
 struct FwdParams {
@@ -203,8 +233,56 @@ struct FwdParams {
     float scale_log2;
 };
 constexpr int FWD_STAGES = 2;
-constexpr int FWD_SMEM = 1024 + TILE * (1 + 2 * FWD_STAGES) + 8 * (1 + 3 * FWD_STAGES);
+constexpr int FWD_SMEM = 1024 + TILE * (1 + 2 * FWD_STAGES) + 8 * (1 + 4 * FWD_STAGES);
 
+// Online softmax of one 64 x 128 tile of scores (log2 units after scaling): masks keys after
+// the row on the diagonal tile, updates the running max and sum, writes P as the register A
+// operand of O += P V, and returns in `correction` the factor O must be rescaled by.
+__device__ inline void online_softmax(float* sc, uint32_t* pa, float* row_max, float* row_sum, float* correction,
+                                      bool diagonal, int c, const Lane& ln, float scale_log2) {
+    if (diagonal) {
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (ln.col(jj, e) > c * 64 + ln.row(e / 2)) sc[4 * jj + e] = -INFINITY;
+    }
+    float scaled_max[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {  // a quad of lanes holds a row
+        float mx = -INFINITY;
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++) mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(row_max[r], mx * scale_log2);
+        scaled_max[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet
+        correction[r] = exp2_fast(row_max[r] - scaled_max[r]);
+        row_max[r] = m_new;
+        row_sum[r] *= correction[r];
+    }
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float pr = exp2_fast(fmaf(sc[4 * jj + e], scale_log2, -scaled_max[e / 2]));
+            sc[4 * jj + e] = pr;
+            row_sum[e / 2] += pr;
+        }
+#pragma unroll
+    for (int kc = 0; kc < 8; kc++) to_a(pa + 4 * kc, sc, kc);
+}
+__device__ inline void rescale(float* o, const float* correction) {
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[4 * jj + e] *= correction[e / 2];
+}
+
+// Each product waits for the one before it; the other consumer warpgroup fills the gaps. (Tried
+// and measured on an H200: FlashAttention-3's intra-warpgroup overlap, S_{j+1} = Q K_{j+1}^T
+// issued before the softmax of tile j with a second set of P registers, ran at 625 / 552
+// TFLOP/s at 16K / 64K against this loop's 623 / 569, so it is not kept.)
 __global__ void __launch_bounds__(THREADS, 1)
     forward_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const FwdParams p) {
@@ -213,7 +291,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t q_full = bars;
     auto k_full = [&](int s) { return bars + 8 * (1 + s); };
     auto v_full = [&](int s) { return bars + 8 * (1 + FWD_STAGES + s); };
-    auto empty = [&](int s) { return bars + 8 * (1 + 2 * FWD_STAGES + s); };
+    auto k_empty = [&](int s) { return bars + 8 * (1 + 2 * FWD_STAGES + s); };
+    auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * FWD_STAGES + s); };
 
     // Block -> (query tile, head, batch), the longest query tiles (most key tiles) first.
     const int64_t heads_x_batch = (int64_t)p.n_heads * p.batch;
@@ -224,7 +303,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
-        for (int s = 0; s < FWD_STAGES; s++) mbar_init(k_full(s), 1), mbar_init(v_full(s), 1), mbar_init(empty(s), 256);
+        for (int s = 0; s < FWD_STAGES; s++) {
+            mbar_init(k_full(s), 1), mbar_init(v_full(s), 1);
+            mbar_init(k_empty(s), 256), mbar_init(v_empty(s), 256);
+        }
         mbar_init_fence();
     }
     __syncthreads();
@@ -236,9 +318,11 @@ __global__ void __launch_bounds__(THREADS, 1)
             tma_tile(sQ, &map_q, q_full, h, q0, b, 128);
             for (int64_t j = 0; j < n_kv_tiles; j++) {
                 const int s = (int)(j % FWD_STAGES);
-                if (j >= FWD_STAGES) mbar_wait(empty(s), (uint32_t)((j / FWD_STAGES - 1) & 1));
+                const uint32_t phase = (uint32_t)((j / FWD_STAGES - 1) & 1);
+                if (j >= FWD_STAGES) mbar_wait(k_empty(s), phase);
                 mbar_arrive_expect_tx(k_full(s), TILE);
                 tma_tile(sK + s * TILE, &map_k, k_full(s), kvh, j * 128, b, 128);
+                if (j >= FWD_STAGES) mbar_wait(v_empty(s), phase);
                 mbar_arrive_expect_tx(v_full(s), TILE);
                 tma_tile(sV + s * TILE, &map_v, v_full(s), kvh, j * 128, b, 128);
             }
@@ -250,7 +334,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int c = threadIdx.x / 128 - 1;  // consumer: rows 64c..64c+63 of the tile
     const Lane ln;
     const uint32_t q_rows = sQ + c * 64 * 128;  // this consumer's rows, in each half of Q
-    float o[64], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+    float o[64], sc[64], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, correction[2];
+    uint32_t pa[32];
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] = 0.f;
     mbar_wait(q_full, 0);
@@ -258,10 +343,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int64_t j = 0; j < n_kv_tiles; j++) {
         const int s = (int)(j % FWD_STAGES);
         const uint32_t phase = (uint32_t)((j / FWD_STAGES) & 1);
-        mbar_wait(k_full(s), phase);
 
-        // S = Q K^T: 64 rows x 128 keys.
-        float sc[64];
+        // S = Q K_j^T: 64 rows x 128 keys.
+        mbar_wait(k_full(s), phase);
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < HD / 16; k++)
@@ -269,44 +353,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs<64>(sc);
+        mbar_arrive(k_empty(s));
 
-        // Online softmax in log2 units; on the diagonal tile (the last) mask keys after the row.
-        if (j == n_kv_tiles - 1) {
-#pragma unroll
-            for (int jj = 0; jj < 16; jj++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (ln.col(jj, e) > c * 64 + ln.row(e / 2)) sc[4 * jj + e] = -INFINITY;
-        }
-        float scaled_max[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int jj = 0; jj < 16; jj++) mx = fmaxf(mx, fmaxf(sc[4 * jj + 2 * r], sc[4 * jj + 2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(row_max[r], mx * p.scale_log2);
-            scaled_max[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet
-            const float correction = exp2_fast(row_max[r] - scaled_max[r]);
-            row_max[r] = m_new;
-            row_sum[r] *= correction;
-#pragma unroll
-            for (int jj = 0; jj < 16; jj++) o[4 * jj + 2 * r] *= correction, o[4 * jj + 2 * r + 1] *= correction;
-        }
-        uint32_t pa[32];
-#pragma unroll
-        for (int jj = 0; jj < 16; jj++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float pr = exp2_fast(fmaf(sc[4 * jj + e], p.scale_log2, -scaled_max[e / 2]));
-                sc[4 * jj + e] = pr;
-                row_sum[e / 2] += pr;
-            }
-#pragma unroll
-        for (int kc = 0; kc < 8; kc++) to_a(pa + 4 * kc, sc, kc);
+        online_softmax(sc, pa, row_max, row_sum, correction, j == n_kv_tiles - 1, c, ln, p.scale_log2);
+        rescale(o, correction);
 
-        // O += P V: V read MN-major (keys are the k of this product, d its n).
+        // O += P V_j: V read MN-major (keys are the k of this product, d its n).
         mbar_wait(v_full(s), phase);
         fence_regs<64>(o);
         wgmma_fence();
@@ -315,7 +367,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs<64>(o);
-        mbar_arrive(empty(s));
+        mbar_arrive(v_empty(s));
     }
 
     const int64_t tok0 = (int64_t)b * p.seq;
@@ -345,12 +397,15 @@ struct BwdParams {
     float scale, scale_log2;
     bool accumulate_dkv;
 };
-constexpr int BWD_STAGES = 2;
+constexpr int BWD_STAGES = 3;
 constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per step of dQ's
 
 // ---- dK, dV: one block per 128 keys of one KV head.
 constexpr int DKDV_SMEM = 1024 + 2 * TILE + BWD_STAGES * (2 * HALF_TILE + 2 * BQ * 4) + 8 * (1 + 2 * BWD_STAGES);
 
+// (Tried on an H200: issuing the next step's S^T and dP^T before waiting for this step's dV and
+// dK. The compiler serializes those products (ptxas C7515) and it ran no faster: 478 against
+// 480 TFLOP/s of the kernel's products at 16K.)
 __global__ void __launch_bounds__(THREADS, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
                 const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
@@ -418,70 +473,69 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int c = threadIdx.x / 128 - 1;  // consumer: keys 64c..64c+63 of the tile
     const Lane ln;
     const uint32_t k_rows = sK + c * 64 * 128, v_rows = sV + c * 64 * 128;
-    float dk[64], dv[64];
+    float dk[64], dv[64], st[32], dpt[32];
+    uint32_t pa[16], dsa[16];
 #pragma unroll
     for (int i = 0; i < 64; i++) dk[i] = 0.f, dv[i] = 0.f;
     mbar_wait(kv_full, 0);
 
-    int64_t step = 0;
-    for (int i = 0; i < p.group; i++)
-        for (int64_t qt = first_qt; qt < n_qt; qt++, step++) {
-            const int s = (int)(step % BWD_STAGES);
-            const int64_t q0 = qt * BQ;
-            mbar_wait(full(s), (uint32_t)((step / BWD_STAGES) & 1));
-            const uint32_t q_tile = sQ + s * HALF_TILE, do_tile = sdO + s * HALF_TILE;
-            // Every query of this tile precedes every key of this consumer: nothing to add.
-            if (q0 + BQ - 1 < k0 + c * 64) {
-                mbar_arrive(empty(s));
-                continue;
-            }
-            // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries.
-            float st[32], dpt[32];
-            wgmma_fence();
-#pragma unroll
-            for (int k = 0; k < HD / 16; k++) wgmma_64_ss(st, kmajor_desc(k_rows, k, 128), kmajor_desc(q_tile, k, BQ), k > 0);
-            wgmma_commit();
-#pragma unroll
-            for (int k = 0; k < HD / 16; k++) wgmma_64_ss(dpt, kmajor_desc(v_rows, k, 128), kmajor_desc(do_tile, k, BQ), k > 0);
-            wgmma_commit();
-
-            // P^T = exp(scale s - lse) where the query sees the key, while dP^T is computed.
-            const float* lse2 = stats + s * 2 * BQ;
-            const float* delta = lse2 + BQ;
-            wgmma_wait<1>();
-            fence_regs<32>(st);
-            const bool edge = q0 < k0 + 128 || q0 + BQ > p.seq;
-#pragma unroll
-            for (int jj = 0; jj < 8; jj++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int qi = ln.col(jj, e);
-                    float pr = exp2_fast(fmaf(st[4 * jj + e], p.scale_log2, -lse2[qi]));
-                    if (edge && (q0 + qi < k0 + c * 64 + ln.row(e / 2) || q0 + qi >= p.seq)) pr = 0.f;
-                    st[4 * jj + e] = pr;
-                }
-            wgmma_wait<0>();
-            fence_regs<32>(dpt);
-#pragma unroll
-            for (int jj = 0; jj < 8; jj++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - delta[ln.col(jj, e)]);
-            uint32_t pa[16], dsa[16];
-#pragma unroll
-            for (int kc = 0; kc < 4; kc++) to_a(pa + 4 * kc, st, kc), to_a(dsa + 4 * kc, dpt, kc);
-
-            // dV += P^T dO, dK += dS^T Q: dO and Q read MN-major (queries are the k, d the n).
-            fence_regs<64>(dv), fence_regs<64>(dk);
-            wgmma_fence();
-#pragma unroll
-            for (int kc = 0; kc < 4; kc++) wgmma_128_rs_mn(dv, pa + 4 * kc, mnmajor_desc(do_tile, kc, BQ));
-#pragma unroll
-            for (int kc = 0; kc < 4; kc++) wgmma_128_rs_mn(dk, dsa + 4 * kc, mnmajor_desc(q_tile, kc, BQ));
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs<64>(dv), fence_regs<64>(dk);
+    // One flat loop over (query head of the group, query tile).
+    const int64_t steps_per_head = n_qt - first_qt;
+    for (int64_t step = 0; step < p.group * steps_per_head; step++) {
+        const int s = (int)(step % BWD_STAGES);
+        const int64_t q0 = (first_qt + step % steps_per_head) * BQ;
+        mbar_wait(full(s), (uint32_t)((step / BWD_STAGES) & 1));
+        const uint32_t q_tile = sQ + s * HALF_TILE, do_tile = sdO + s * HALF_TILE;
+        if (q0 + BQ - 1 < k0 + c * 64) {  // every query of the tile precedes every key of this consumer
             mbar_arrive(empty(s));
+            continue;
         }
+        // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, two groups of products.
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(st, kmajor_desc(k_rows, k, 128), kmajor_desc(q_tile, k, BQ), k > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(dpt, kmajor_desc(v_rows, k, 128), kmajor_desc(do_tile, k, BQ), k > 0);
+        wgmma_commit();
+
+        // P^T = exp(scale s - lse) where the query sees the key, while dP^T is computed.
+        const float* lse2 = stats + s * 2 * BQ;
+        const float* delta = lse2 + BQ;
+        wgmma_wait<1>();
+        fence_regs<32>(st);
+        const bool edge = q0 < k0 + 128 || q0 + BQ > p.seq;
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qi = ln.col(jj, e);
+                float pr = exp2_fast(fmaf(st[4 * jj + e], p.scale_log2, -lse2[qi]));
+                if (edge && (q0 + qi < k0 + c * 64 + ln.row(e / 2) || q0 + qi >= p.seq)) pr = 0.f;
+                st[4 * jj + e] = pr;
+            }
+        // dS^T = P^T (dP^T - delta)
+        wgmma_wait<0>();
+        fence_regs<32>(dpt);
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - delta[ln.col(jj, e)]);
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) to_a(pa + 4 * kc, st, kc), to_a(dsa + 4 * kc, dpt, kc);
+
+        // dV += P^T dO, dK += dS^T Q: dO and Q read MN-major (queries are the k, d the n).
+        fence_regs<64>(dv), fence_regs<64>(dk);
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) wgmma_128_rs_mn(dv, pa + 4 * kc, mnmajor_desc(do_tile, kc, BQ));
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) wgmma_128_rs_mn(dk, dsa + 4 * kc, mnmajor_desc(q_tile, kc, BQ));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<64>(dv), fence_regs<64>(dk);
+        mbar_arrive(empty(s));
+    }
 
     const int64_t tok0 = (int64_t)b * p.seq;
 #pragma unroll
@@ -505,6 +559,11 @@ __global__ void __launch_bounds__(THREADS, 1)
 // ---- dQ: one block per 128 query rows of one head.
 constexpr int DQ_SMEM = 1024 + 2 * TILE + BWD_STAGES * 2 * HALF_TILE + 8 * (1 + 2 * BWD_STAGES);
 
+// A_IN_REGS: this consumer's rows of Q and dO (the same for every key tile) are loaded once
+// into registers as the A operands of S = Q K^T and dP = dO V^T, so those products read only
+// their B operand from shared memory (a 64 x 64 x 16 product reading both operands from shared
+// memory is as slow as the shared-memory bandwidth).
+template <bool A_IN_REGS>
 __global__ void __launch_bounds__(THREADS, 1)
     dq_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
               const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v, const BwdParams p) {
@@ -561,6 +620,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int i = 0; i < 64; i++) dq[i] = 0.f;
     mbar_wait(q_full, 0);
+    uint32_t qa[A_IN_REGS ? 32 : 1], doa[A_IN_REGS ? 32 : 1];
+    if (A_IN_REGS) load_a_operand(qa, sQ, c * 64, ln, 128), load_a_operand(doa, sdO, c * 64, ln, 128);
 
     for (int64_t kt = 0; kt < n_kt; kt++) {
         const int s = (int)(kt % BWD_STAGES);
@@ -574,10 +635,16 @@ __global__ void __launch_bounds__(THREADS, 1)
         float sc[32], dp[32];
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(sc, kmajor_desc(q_rows, k, 128), kmajor_desc(k_tile, k, BQ), k > 0);
+        for (int k = 0; k < HD / 16; k++) {
+            if (A_IN_REGS) wgmma_64_rs(sc, qa + 4 * k, kmajor_desc(k_tile, k, BQ), k > 0);
+            else wgmma_64_ss(sc, kmajor_desc(q_rows, k, 128), kmajor_desc(k_tile, k, BQ), k > 0);
+        }
         wgmma_commit();
 #pragma unroll
-        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(dp, kmajor_desc(do_rows, k, 128), kmajor_desc(v_tile, k, BQ), k > 0);
+        for (int k = 0; k < HD / 16; k++) {
+            if (A_IN_REGS) wgmma_64_rs(dp, doa + 4 * k, kmajor_desc(v_tile, k, BQ), k > 0);
+            else wgmma_64_ss(dp, kmajor_desc(do_rows, k, 128), kmajor_desc(v_tile, k, BQ), k > 0);
+        }
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs<32>(sc);
@@ -656,6 +723,22 @@ CUtensorMap tensor_map(const bf16* base, int heads, int64_t ld, int64_t seq, int
 
 bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 
+// Launch a kernel with `smem` bytes of dynamic shared memory (the limit raised once per kernel).
+template <typename Kernel, typename... Args>
+void launch(Kernel kernel, int64_t blocks, int smem, cudaStream_t s, const Args&... args) {
+    static std::set<const void*> configured;  // kernels of one signature share this instantiation
+    if (!configured.count((const void*)kernel)) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        configured.insert((const void*)kernel);
+    }
+    kernel<<<(unsigned)blocks, THREADS, smem, s>>>(args...);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Variant switch while the kernels are tuned (bench/attention_hopper.cu --variants sets it):
+// bit 2: the dQ kernel with A_IN_REGS.
+int variant = 0;
+
 }  // namespace hopper
 
 // Whether the Hopper kernels can run this call: head dim 128, an sm_90 device, the alignment
@@ -693,14 +776,8 @@ void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShap
     const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, 128);
     const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, 128);
     const CUtensorMap mv = tensor_map(a.v, sh.n_kv_heads, a.ldv, sh.seq, sh.batch, 128);
-    static bool configured = false;
-    if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, FWD_SMEM));
-        configured = true;
-    }
     const int64_t blocks = p.n_q_tiles * sh.n_heads * sh.batch;
-    forward_kernel<<<(unsigned)blocks, THREADS, FWD_SMEM, s>>>(mq, mk, mv, p);
-    CUDA_CHECK_LAUNCH();
+    launch(forward_kernel, blocks, FWD_SMEM, s, mq, mk, mv, p);
 }
 
 // Backward with delta given (a.out == nullptr): the dK/dV kernel, then the dQ kernel (`parts`:
@@ -716,20 +793,13 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
     p.n_heads = sh.n_heads, p.n_kv_heads = sh.n_kv_heads, p.batch = sh.batch, p.group = sh.n_heads / sh.n_kv_heads;
     p.scale = 1.0f / sqrtf((float)sh.head_dim), p.scale_log2 = p.scale * LOG2E;
     p.accumulate_dkv = a.accumulate_dkv;
-    static bool configured = false;
-    if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DKDV_SMEM));
-        CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DQ_SMEM));
-        configured = true;
-    }
     if (parts & 1) {  // dK, dV: 64-row query tiles stream past 128 keys.
         const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, BQ);
         const CUtensorMap mdo = tensor_map(a.dout, sh.n_heads, a.lddo, sh.seq, sh.batch, BQ);
         const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, 128);
         const CUtensorMap mv = tensor_map(a.v, sh.n_kv_heads, a.ldv, sh.seq, sh.batch, 128);
         const int64_t blocks = p.n_tiles * sh.n_kv_heads * sh.batch;
-        dkdv_kernel<<<(unsigned)blocks, THREADS, DKDV_SMEM, s>>>(mq, mdo, mk, mv, p);
-        CUDA_CHECK_LAUNCH();
+        launch(dkdv_kernel, blocks, DKDV_SMEM, s, mq, mdo, mk, mv, p);
     }
     if (parts & 2) {  // dQ: 64-key tiles stream past 128 query rows.
         const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, 128);
@@ -737,13 +807,16 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
         const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, BQ);
         const CUtensorMap mv = tensor_map(a.v, sh.n_kv_heads, a.ldv, sh.seq, sh.batch, BQ);
         const int64_t blocks = p.n_tiles * sh.n_heads * sh.batch;
-        dq_kernel<<<(unsigned)blocks, THREADS, DQ_SMEM, s>>>(mq, mdo, mk, mv, p);
-        CUDA_CHECK_LAUNCH();
+        if (variant & 4) launch(dq_kernel<true>, blocks, DQ_SMEM, s, mq, mdo, mk, mv, p);
+        else launch(dq_kernel<false>, blocks, DQ_SMEM, s, mq, mdo, mk, mv, p);
     }
 }
 
 // =============================================================================================
 // The dispatch the model calls.
+void attention_hopper_variant(int v) {
+    if (v >= 0) hopper::variant = v;
+}
 static bool use_reference = false;
 void attention_use_reference(bool on) { use_reference = on; }
 

@@ -1,16 +1,18 @@
 // bench/attention_hopper.cu - attention_hopper.cu's kernels against attention.cu's (the tested
 // kernels, themselves checked against float64 in tests/test_attention.cu) on fresh random
 // inputs, then both timed (median of 5 after 2 warm-ups).
-//   build/bench_attention_hopper [--bench]
+//   build/bench_attention_hopper [--bench] [--variants 0,1,2,4] [--seqs 16K,64K]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "../llama.h"
+#include "../train.h"
 
 static std::vector<float> download_bf16(const bf16* d, int64_t n) {
     std::vector<bf16> h(n);
@@ -78,8 +80,29 @@ static double rel(const std::vector<float>& a, const std::vector<float>& b) {
     return std::sqrt(num / (den > 0 ? den : 1));
 }
 
-int main(int argc, char** argv) {
-    bool bench = argc > 1 && std::string(argv[1]) == "--bench";
+void attention_hopper_variant(int v);  // attention_hopper.cu's tuning switches (see there)
+
+static float time_ms(const std::function<void()>& f) {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    std::vector<float> t;
+    for (int r = 0; r < 7; r++) {
+        cudaEventRecord(e0);
+        f();
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float x;
+        cudaEventElapsedTime(&x, e0, e1);
+        if (r >= 2) t.push_back(x);
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+// One variant: checked against attention.cu on six shapes, then (bench) timed.
+static int run_variant(int variant, bool bench, const std::vector<int64_t>& seqs) {
+    attention_hopper_variant(variant);
     struct Case { int B; int64_t S; int Hq, Hkv; };
     const Case cases[] = {{1, 128, 2, 1}, {1, 1000, 8, 2}, {2, 130, 4, 4}, {1, 4097, 32, 8}, {3, 77, 3, 1}, {1, 16384, 24, 8}};
     int failed = 0;
@@ -106,61 +129,59 @@ int main(int argc, char** argv) {
         const int64_t qd = c.Hq * 128, kd = c.Hkv * 128;
         double edq = rel(cols(gb, 0, qd), cols(ga, 0, qd)), edk = rel(cols(gb, qd, kd), cols(ga, qd, kd)),
                edv = rel(cols(gb, qd + kd, kd), cols(ga, qd + kd, kd));
-        printf("   backward: dq rel %.2e, dk rel %.2e, dv rel %.2e  %s\n", edq, edk, edv,
-               edq < 2e-2 && edk < 2e-2 && edv < 2e-2 ? "ok" : "MISMATCH");
-        failed += !(edq < 2e-2 && edk < 2e-2 && edv < 2e-2);
-        bool ok = eo < 1e-2 && el < 1e-5;
+        const bool ok = eo < 1e-2 && el < 1e-5 && edq < 2e-2 && edk < 2e-2 && edv < 2e-2;
         failed += !ok;
-        printf("B%d S%lld Hq%d Hkv%d: out rel %.2e, lse rel %.2e  %s\n", c.B, (long long)c.S, c.Hq, c.Hkv, eo, el,
-               ok ? "ok" : "MISMATCH");
-        if (!ok) {  // where: the first differing rows
-            int shown = 0;
-            for (int64_t i = 0; i < (int64_t)oa.size() && shown < 6; i++)
-                if (!(std::fabs(oa[i] - ob[i]) < 0.05f + 0.05f * std::fabs(oa[i]))) {
-                    int64_t row = i / (c.Hq * 128), col = i % (c.Hq * 128);
-                    printf("   token %lld head %lld d %lld: ref %.4f wgmma %.4f\n", (long long)row,
-                           (long long)(col / 128), (long long)(col % 128), oa[i], ob[i]);
-                    shown++;
-                }
-        }
+        printf("variant %d B%d S%lld Hq%d Hkv%d: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e  %s\n", variant, c.B,
+               (long long)c.S, c.Hq, c.Hkv, eo, el, edq, edk, edv, ok ? "ok" : "MISMATCH");
         release(b);
     }
-    if (!bench) return failed ? 1 : 0;
-    printf("shape      seq   ref ms  TF/s   wgmma ms  TF/s   (fwd, then bwd: ref includes its delta kernel)\n");
+    if (!bench || failed) return failed;
     for (int shape = 0; shape < 2; shape++)
-        for (int64_t S : {8192LL, 16384LL, 65536LL}) {
+        for (int64_t S : seqs) {
             int Hq = shape ? 32 : 24, Hkv = 8;
             Buffers b = make(1, S, Hq, Hkv, 99);
             AttentionShape sh{1, S, Hq, Hkv, 128};
-            double flops = attention_forward_flops(sh), ms[6];
+            const double flops = attention_forward_flops(sh);
             attention_forward_reference(args(b, Hq, Hkv, false), sh, 0);
-            for (int k = 0; k < 6; k++) {
-                cudaEvent_t e0, e1;
-                cudaEventCreate(&e0), cudaEventCreate(&e1);
-                std::vector<float> t;
-                for (int r = 0; r < 7; r++) {
-                    cudaEventRecord(e0);
-                    if (k == 1) attention_forward_hopper(args(b, Hq, Hkv, true), sh, 0);
-                    else if (k == 0) attention_forward_reference(args(b, Hq, Hkv, false), sh, 0);
-                    else if (k == 2) attention_backward_reference(bargs(b, Hq, Hkv, false), sh, 0);
-                    else attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, k == 3 ? 3 : k - 3);
-                    cudaEventRecord(e1);
-                    cudaEventSynchronize(e1);
-                    float x;
-                    cudaEventElapsedTime(&x, e0, e1);
-                    if (r >= 2) t.push_back(x);
-                }
-                std::sort(t.begin(), t.end());
-                ms[k] = t[t.size() / 2];
-            }
-            printf("%s %6lld fwd %8.3f %6.1f %9.3f %6.1f\n", shape ? "8B 32/8" : "3B 24/8", (long long)S, ms[0],
-                   flops / ms[0] / 1e9, ms[1], flops / ms[1] / 1e9);
-            printf("%s %6lld bwd %8.3f %6.1f %9.3f %6.1f\n", shape ? "8B 32/8" : "3B 24/8", (long long)S, ms[2],
-                   2.5 * flops / ms[2] / 1e9, ms[3], 2.5 * flops / ms[3] / 1e9);
-            printf("%s %6lld bwd parts: dK/dV kernel %.3f ms (%.1f TF/s of its 4 products), dQ kernel %.3f ms (%.1f of its 3)\n",
-                   shape ? "8B 32/8" : "3B 24/8", (long long)S, ms[4], 2.0 * flops / ms[4] / 1e9, ms[5],
-                   1.5 * flops / ms[5] / 1e9);
+            attention_backward_reference(bargs(b, Hq, Hkv, false), sh, 0);  // delta
+            const float fwd = time_ms([&] { attention_forward_hopper(args(b, Hq, Hkv, true), sh, 0); });
+            const float bwd = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0); });
+            const float dkdv = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, 1); });
+            const float dq = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, 2); });
+            printf("variant %d %s %6lld  fwd %8.3f ms %6.1f TF/s  bwd %8.3f ms %6.1f TF/s  (dK/dV %.3f ms %.1f TF/s "
+                   "of its 4 products, dQ %.3f ms %.1f of its 3)\n",
+                   variant, shape ? "8B 32/8" : "3B 24/8", (long long)S, fwd, flops / fwd / 1e9, bwd,
+                   2.5 * flops / bwd / 1e9, dkdv, 2.0 * flops / dkdv / 1e9, dq, 1.5 * flops / dq / 1e9);
+            fflush(stdout);
             release(b);
         }
+    return 0;
+}
+
+// build/bench_attention_hopper [--bench] [--variants 0,1,2,4] [--seqs 16K,64K]
+int main(int argc, char** argv) {
+    bool bench = false;
+    std::vector<int> variants = {-1};
+    std::vector<int64_t> seqs = {16384, 65536};
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        auto list = [&](auto parse) {
+            std::vector<decltype(parse(std::string()))> v;
+            std::string l = argv[++i];
+            for (size_t pos = 0; pos <= l.size();) {
+                size_t comma = l.find(',', pos);
+                if (comma == std::string::npos) comma = l.size();
+                v.push_back(parse(l.substr(pos, comma - pos)));
+                pos = comma + 1;
+            }
+            return v;
+        };
+        if (a == "--bench") bench = true;
+        else if (a == "--variants" && i + 1 < argc) variants = list([](const std::string& x) { return std::stoi(x); });
+        else if (a == "--seqs" && i + 1 < argc) seqs = list([](const std::string& x) { return parse_tokens("--seqs", x); });
+        else return fprintf(stderr, "usage: bench_attention_hopper [--bench] [--variants 0,1,...] [--seqs 16K,...]\n"), 2;
+    }
+    int failed = 0;
+    for (int v : variants) failed += run_variant(v, bench, seqs);
     return failed ? 1 : 0;
 }
