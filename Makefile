@@ -81,9 +81,14 @@ ladder: train
 	done; done
 
 # Attention TFLOP/s of our kernels, and PyTorch SDPA side by side where PyTorch is installed.
+# The attention kernels the model uses, each shape checked against attention.cu's first, then
+# PyTorch's SDPA on the same shapes. BENCH_SEQS=...,1M adds a million tokens (the reference
+# check alone then takes minutes; BENCH_ARGS=--no-check skips it, --reference times attention.cu).
+BENCH_SEQS ?= 8K,16K,64K,128K
+BENCH_ARGS ?=
 bench: build/bench_attention
-	build/bench_attention
-	@python3 -c 'import torch' 2>/dev/null && python3 bench/attention_vs_torch.py || echo "(PyTorch not installed: no side-by-side)"
+	build/bench_attention --seqs $(BENCH_SEQS) $(BENCH_ARGS)
+	@python3 -c 'import torch' 2>/dev/null && python3 bench/attention_vs_torch.py --seqs $(BENCH_SEQS) || echo "(PyTorch not installed: no side-by-side)"
 
 
 clean:

@@ -39,7 +39,14 @@
 //   dQ kernel, one block per 128 query rows of one head, walking 64-key tiles:
 //     S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K (K MN-major)
 //   S and dP are computed in both kernels (7 products where 5 are counted): the price of no
-//   atomics.
+//   atomics, and of no fp32 dQ accumulator (4 bytes per element of dQ) beside the bf16 tensors.
+//
+// Speed on an H200 (build/bench_attention beside bench/attention_vs_torch.py, same session;
+// results/attention_h200.json), causal, 8K-128K tokens, the 3B (24/8 heads) and 8B (32/8) shapes:
+//   forward  557-584 TFLOP/s   PyTorch flash 278-343, cuDNN 520-646, attention.cu 216-232
+//   backward 332-344 TFLOP/s   PyTorch flash 251-326, cuDNN 456-539, attention.cu 119-144
+// The backward's two kernels run their own products at 476-502 TFLOP/s; the gap to cuDNN is
+// mostly the two recomputed products.
 //
 // Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
@@ -176,15 +183,6 @@ __device__ inline void to_a(uint32_t* a, const float* c, int j) {
     a[3] = pack_bf16(c[8 * j + 6], c[8 * j + 7]);
 }
 
-// d (64 x 64, fp32) (+)= A (registers) * B (shared, K-major).
-__device__ inline void wgmma_64_rs(float* d, const uint32_t* a, uint64_t db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-}
-
 // Swizzled tiles start on 1024 bytes.
 __device__ inline uint32_t aligned_smem() {
     extern __shared__ unsigned char smem_raw[];
@@ -202,26 +200,6 @@ struct Lane {
     __device__ int row(int half) const { return warp * 16 + g + 8 * half; }
     __device__ int col(int j, int e) const { return 8 * j + 2 * t + (e & 1); }
 };
-
-// Rows row0..row0+63 of a swizzled [R][128] tile as the register A operand of the 8 k-steps
-// over its columns (the fragment layout of to_a). Conflict-free: the 8 rows a load touches sit
-// in 8 different 16-byte chunks of their 128-byte lines.
-__device__ inline void load_a_operand(uint32_t* a, uint32_t tile, int row0, const Lane& ln, int R) {
-    auto at = [&](int r, int col) {
-        uint32_t v;
-        const uint32_t addr =
-            tile + (uint32_t)((col >> 6) * R * 128 + r * 128 + ((((col & 63) >> 3) ^ (r & 7)) << 4) + (col & 7) * 2);
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-        return v;
-    };
-    const int r = row0 + ln.row(0);
-#pragma unroll
-    for (int k = 0; k < HD / 16; k++) {
-        const int col = 16 * k + 2 * ln.t;
-        a[4 * k + 0] = at(r, col), a[4 * k + 1] = at(r + 8, col);
-        a[4 * k + 2] = at(r, col + 8), a[4 * k + 3] = at(r + 8, col + 8);
-    }
-}
 
 // =============================================================================================
 // Forward.
@@ -559,11 +537,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 // ---- dQ: one block per 128 query rows of one head.
 constexpr int DQ_SMEM = 1024 + 2 * TILE + BWD_STAGES * 2 * HALF_TILE + 8 * (1 + 2 * BWD_STAGES);
 
-// A_IN_REGS: this consumer's rows of Q and dO (the same for every key tile) are loaded once
-// into registers as the A operands of S = Q K^T and dP = dO V^T, so those products read only
-// their B operand from shared memory (a 64 x 64 x 16 product reading both operands from shared
-// memory is as slow as the shared-memory bandwidth).
-template <bool A_IN_REGS>
+// (Tried on an H200: this consumer's rows of Q and dO held in registers as the A operands of S
+// and dP, so those products read only B from shared memory: 502-510 against 496-502 TFLOP/s of
+// the kernel's products at 16K, within run-to-run noise, so not kept.)
 __global__ void __launch_bounds__(THREADS, 1)
     dq_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
               const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v, const BwdParams p) {
@@ -620,8 +596,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int i = 0; i < 64; i++) dq[i] = 0.f;
     mbar_wait(q_full, 0);
-    uint32_t qa[A_IN_REGS ? 32 : 1], doa[A_IN_REGS ? 32 : 1];
-    if (A_IN_REGS) load_a_operand(qa, sQ, c * 64, ln, 128), load_a_operand(doa, sdO, c * 64, ln, 128);
 
     for (int64_t kt = 0; kt < n_kt; kt++) {
         const int s = (int)(kt % BWD_STAGES);
@@ -635,16 +609,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         float sc[32], dp[32];
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < HD / 16; k++) {
-            if (A_IN_REGS) wgmma_64_rs(sc, qa + 4 * k, kmajor_desc(k_tile, k, BQ), k > 0);
-            else wgmma_64_ss(sc, kmajor_desc(q_rows, k, 128), kmajor_desc(k_tile, k, BQ), k > 0);
-        }
+        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(sc, kmajor_desc(q_rows, k, 128), kmajor_desc(k_tile, k, BQ), k > 0);
         wgmma_commit();
 #pragma unroll
-        for (int k = 0; k < HD / 16; k++) {
-            if (A_IN_REGS) wgmma_64_rs(dp, doa + 4 * k, kmajor_desc(v_tile, k, BQ), k > 0);
-            else wgmma_64_ss(dp, kmajor_desc(do_rows, k, 128), kmajor_desc(v_tile, k, BQ), k > 0);
-        }
+        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(dp, kmajor_desc(do_rows, k, 128), kmajor_desc(v_tile, k, BQ), k > 0);
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs<32>(sc);
@@ -735,10 +703,6 @@ void launch(Kernel kernel, int64_t blocks, int smem, cudaStream_t s, const Args&
     CUDA_CHECK_LAUNCH();
 }
 
-// Variant switch while the kernels are tuned (bench/attention_hopper.cu --variants sets it):
-// bit 2: the dQ kernel with A_IN_REGS.
-int variant = 0;
-
 }  // namespace hopper
 
 // Whether the Hopper kernels can run this call: head dim 128, an sm_90 device, the alignment
@@ -807,16 +771,12 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
         const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, BQ);
         const CUtensorMap mv = tensor_map(a.v, sh.n_kv_heads, a.ldv, sh.seq, sh.batch, BQ);
         const int64_t blocks = p.n_tiles * sh.n_heads * sh.batch;
-        if (variant & 4) launch(dq_kernel<true>, blocks, DQ_SMEM, s, mq, mdo, mk, mv, p);
-        else launch(dq_kernel<false>, blocks, DQ_SMEM, s, mq, mdo, mk, mv, p);
+        launch(dq_kernel, blocks, DQ_SMEM, s, mq, mdo, mk, mv, p);
     }
 }
 
 // =============================================================================================
 // The dispatch the model calls.
-void attention_hopper_variant(int v) {
-    if (v >= 0) hopper::variant = v;
-}
 static bool use_reference = false;
 void attention_use_reference(bool on) { use_reference = on; }
 

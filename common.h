@@ -85,6 +85,12 @@ inline std::vector<LlamaConfig> known_configs() {
     c.head_dim = 64; c.ffn_dim = 320; c.vocab = 384; c.tied_embeddings = false;
     c.rope_scaling = {true, 32.0, 1.0, 4.0, 64};
     all.push_back(c);
+    // Head dim 128: the model-level tests through the fast Hopper attention kernels.
+    c = LlamaConfig();
+    c.name = "tiny-hd128"; c.dim = 128; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 2;
+    c.head_dim = 128; c.ffn_dim = 256; c.vocab = 384; c.tied_embeddings = false;
+    c.rope_scaling = {true, 8.0, 1.0, 4.0, 64};
+    all.push_back(c);
     c = LlamaConfig();
     c.name = "small"; c.dim = 1024; c.n_layers = 4; c.n_heads = 8; c.n_kv_heads = 2;
     c.head_dim = 128; c.ffn_dim = 2816; c.vocab = 8192; c.tied_embeddings = true;

@@ -2,7 +2,7 @@
 # bench/attention_gpu.sh - one device call for issue 9: attention tests (both kernel sets), the
 # model tests, the per-kernel Hopper bench, the attention bench with PyTorch side by side, and
 # the Llama 3.2 3B 64K step; on two GPUs the multi-GPU tests (PARTS=multi). Logs under $OUT
-# (tarred). PARTS, VARIANTS, HSEQS, SEQS, BENCH_ARGS (e.g. --reference) select what runs.
+# (tarred). PARTS, HSEQS, SEQS, BENCH_ARGS (e.g. --reference) select what runs.
 set -u
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 L=$OUT/logs; mkdir -p $L
@@ -12,7 +12,7 @@ for part in ${PARTS:-tests hopper bench torch mfu}; do case $part in
   tests)  T=240 run test_attention build/tests/test_attention
           T=200 run test_model build/tests/test_model
           T=200 run test_techniques build/tests/test_techniques ;;
-  hopper) T=120 run bench_hopper build/bench_attention_hopper --bench --variants ${VARIANTS:-0} --seqs ${HSEQS:-16K} ;;
+  hopper) T=120 run bench_hopper build/bench_attention_hopper --bench --seqs ${HSEQS:-16K} ;;
   bench)  T=300 run bench_attention build/bench_attention ${BENCH_ARGS:-} --seqs ${SEQS:-8K,16K,64K,128K} --json $L/attention.jsonl ;;
   multi)  T=300 run test_multi_gpu build/tests/test_multi_gpu ;;
   torch)  T=200 run torch python3 bench/attention_vs_torch.py --seqs ${TSEQS:-8192,16384,65536,131072} --json $L/torch.jsonl ;;

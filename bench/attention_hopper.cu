@@ -1,7 +1,8 @@
-// bench/attention_hopper.cu - attention_hopper.cu's kernels against attention.cu's (the tested
-// kernels, themselves checked against float64 in tests/test_attention.cu) on fresh random
-// inputs, then both timed (median of 5 after 2 warm-ups).
-//   build/bench_attention_hopper [--bench] [--variants 0,1,2,4] [--seqs 16K,64K]
+// bench/attention_hopper.cu - the tuning bench of attention_hopper.cu: its kernels against
+// attention.cu's (themselves checked against float64 in tests/test_attention.cu) on six small
+// shapes of fresh random inputs, then (--bench) the forward, the backward and the backward's
+// two kernels apart timed (median of 5 after 2 warm-ups).
+//   build/bench_attention_hopper [--bench] [--seqs 16K,64K]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -80,8 +81,6 @@ static double rel(const std::vector<float>& a, const std::vector<float>& b) {
     return std::sqrt(num / (den > 0 ? den : 1));
 }
 
-void attention_hopper_variant(int v);  // attention_hopper.cu's tuning switches (see there)
-
 static float time_ms(const std::function<void()>& f) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
@@ -100,9 +99,8 @@ static float time_ms(const std::function<void()>& f) {
     return t[t.size() / 2];
 }
 
-// One variant: checked against attention.cu on six shapes, then (bench) timed.
-static int run_variant(int variant, bool bench, const std::vector<int64_t>& seqs) {
-    attention_hopper_variant(variant);
+// Checked against attention.cu on six shapes, then (bench) timed.
+static int run(bool bench, const std::vector<int64_t>& seqs) {
     struct Case { int B; int64_t S; int Hq, Hkv; };
     const Case cases[] = {{1, 128, 2, 1}, {1, 1000, 8, 2}, {2, 130, 4, 4}, {1, 4097, 32, 8}, {3, 77, 3, 1}, {1, 16384, 24, 8}};
     int failed = 0;
@@ -131,7 +129,7 @@ static int run_variant(int variant, bool bench, const std::vector<int64_t>& seqs
                edv = rel(cols(gb, qd + kd, kd), cols(ga, qd + kd, kd));
         const bool ok = eo < 1e-2 && el < 1e-5 && edq < 2e-2 && edk < 2e-2 && edv < 2e-2;
         failed += !ok;
-        printf("variant %d B%d S%lld Hq%d Hkv%d: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e  %s\n", variant, c.B,
+        printf("B%d S%lld Hq%d Hkv%d: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e  %s\n", c.B,
                (long long)c.S, c.Hq, c.Hkv, eo, el, edq, edk, edv, ok ? "ok" : "MISMATCH");
         release(b);
     }
@@ -148,9 +146,9 @@ static int run_variant(int variant, bool bench, const std::vector<int64_t>& seqs
             const float bwd = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0); });
             const float dkdv = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, 1); });
             const float dq = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, 2); });
-            printf("variant %d %s %6lld  fwd %8.3f ms %6.1f TF/s  bwd %8.3f ms %6.1f TF/s  (dK/dV %.3f ms %.1f TF/s "
+            printf("%s %6lld  fwd %8.3f ms %6.1f TF/s  bwd %8.3f ms %6.1f TF/s  (dK/dV %.3f ms %.1f TF/s "
                    "of its 4 products, dQ %.3f ms %.1f of its 3)\n",
-                   variant, shape ? "8B 32/8" : "3B 24/8", (long long)S, fwd, flops / fwd / 1e9, bwd,
+                   shape ? "8B 32/8" : "3B 24/8", (long long)S, fwd, flops / fwd / 1e9, bwd,
                    2.5 * flops / bwd / 1e9, dkdv, 2.0 * flops / dkdv / 1e9, dq, 1.5 * flops / dq / 1e9);
             fflush(stdout);
             release(b);
@@ -158,30 +156,27 @@ static int run_variant(int variant, bool bench, const std::vector<int64_t>& seqs
     return 0;
 }
 
-// build/bench_attention_hopper [--bench] [--variants 0,1,2,4] [--seqs 16K,64K]
+// build/bench_attention_hopper [--bench] [--seqs 16K,64K]
 int main(int argc, char** argv) {
     bool bench = false;
-    std::vector<int> variants = {-1};
     std::vector<int64_t> seqs = {16384, 65536};
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
-        auto list = [&](auto parse) {
-            std::vector<decltype(parse(std::string()))> v;
+        if (a == "--bench") {
+            bench = true;
+        } else if (a == "--seqs" && i + 1 < argc) {
+            seqs.clear();
             std::string l = argv[++i];
             for (size_t pos = 0; pos <= l.size();) {
                 size_t comma = l.find(',', pos);
                 if (comma == std::string::npos) comma = l.size();
-                v.push_back(parse(l.substr(pos, comma - pos)));
+                seqs.push_back(parse_tokens("--seqs", l.substr(pos, comma - pos)));
                 pos = comma + 1;
             }
-            return v;
-        };
-        if (a == "--bench") bench = true;
-        else if (a == "--variants" && i + 1 < argc) variants = list([](const std::string& x) { return std::stoi(x); });
-        else if (a == "--seqs" && i + 1 < argc) seqs = list([](const std::string& x) { return parse_tokens("--seqs", x); });
-        else return fprintf(stderr, "usage: bench_attention_hopper [--bench] [--variants 0,1,...] [--seqs 16K,...]\n"), 2;
+        } else {
+            fprintf(stderr, "usage: bench_attention_hopper [--bench] [--seqs 16K,...]\n");
+            return 2;
+        }
     }
-    int failed = 0;
-    for (int v : variants) failed += run_variant(v, bench, seqs);
-    return failed ? 1 : 0;
+    return run(bench, seqs) ? 1 : 0;
 }

@@ -13,6 +13,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
+def tokens(text):
+    """8192, 8K (x 1024) or 1M (x 1024^2), as the C++ benches take them."""
+    mult = {"K": 1024, "M": 1024 * 1024}.get(text[-1:].upper(), 1)
+    return int(text[:-1] if mult > 1 else text) * mult
+
+
 def time_ms(fn, reps):
     for _ in range(2):
         fn()
@@ -37,7 +43,7 @@ def main():
     print(f"PyTorch {torch.__version__} SDPA on {torch.cuda.get_device_name()}, bf16, causal, head dim 128")
     print(f"{'backend':8} {'shape':10} {'seq':>8} {'fwd ms':>9} {'fwd TF/s':>9} {'bwd ms':>9} {'bwd TF/s':>9}")
     for name, hq, hkv in (("3B 24/8", 24, 8), ("8B 32/8", 32, 8)):
-        for S in (int(s) for s in args.seqs.split(",")):
+        for S in (tokens(s) for s in args.seqs.split(",")):
             d = 128
             q = torch.randn(1, hq, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             k = torch.randn(1, hkv, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)

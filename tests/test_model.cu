@@ -68,6 +68,8 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
     SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     LlamaConfig cfg = config_by_name(GetParam());
+    printf("  attention kernels: %s\n",
+           attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "attention_hopper.cu" : "attention.cu");
     const int B = 2;
     const int64_t S = 67;  // two attention tiles, the second ragged
     GpuModel g(cfg, B, S);
@@ -93,8 +95,11 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, WholeStep, ::testing::Values("tiny", "tiny-untied"),
-                         [](const auto& info) { return info.param == "tiny" ? "tied" : "untied"; });
+// tiny-hd128: head dim 128, so on Hopper the step runs attention_hopper.cu's kernels.
+INSTANTIATE_TEST_SUITE_P(Configs, WholeStep, ::testing::Values("tiny", "tiny-untied", "tiny-hd128"),
+                         [](const auto& info) {
+                             return info.param == "tiny" ? "tied" : info.param == "tiny-untied" ? "untied" : "hd128";
+                         });
 
 // Same seed, same data: the same losses and weights, bit for bit (no atomics anywhere).
 TEST(Determinism, SameSeedSameLossesAndWeights) {

@@ -75,6 +75,8 @@ class Techniques : public ::testing::TestWithParam<std::string> {};
 TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
     REQUIRE_GPU();
     LlamaConfig cfg = config_by_name(GetParam());
+    printf("  attention kernels: %s\n",
+           attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "attention_hopper.cu" : "attention.cu");
     cfg.n_layers = 4;  // enough layers for both offload slots to be reused
     const int B = 2;
     const int64_t S = 150;  // 300 tokens: chunks of 48 and 40 leave ragged tails
@@ -123,7 +125,10 @@ TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, Techniques, ::testing::Values("tiny", "tiny-untied"),
-                         [](const auto& info) { return info.param == "tiny" ? "tied" : "untied"; });
+// tiny-hd128: head dim 128, so on Hopper every technique runs attention_hopper.cu's kernels.
+INSTANTIATE_TEST_SUITE_P(Configs, Techniques, ::testing::Values("tiny", "tiny-untied", "tiny-hd128"),
+                         [](const auto& info) {
+                             return info.param == "tiny" ? "tied" : info.param == "tiny-untied" ? "untied" : "hd128";
+                         });
 
 }  // namespace
