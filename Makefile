@@ -69,12 +69,12 @@ run: train
 # of both models at 3M and 5M tokens is planned at full depth and allocated (--steps 0: the
 # static plan's peak is reached at allocation); at 3M each stage's longest context is allocated
 # too, and 1K more tried (refused where 1K costs more than the plan's runtime margin). JSON under
-# results/, with the commit (TRAIN_COMMIT; git's HEAD here).
+# results/, with the commit (TRAIN_COMMIT; git's HEAD here, "-dirty" when the tree has changes).
 # LADDER_ARGS adds steps where the GPU time is there (--steps 1 --measure-layers 1).
 LADDER_ARGS ?= --sim-world 8 --mem-cap-gib 80 --steps 0 --task random
 LADDER_CONFIGS ?= llama3.2-3b llama3.1-8b
 ladder: train
-	@export TRAIN_COMMIT=$${TRAIN_COMMIT:-$$(git rev-parse HEAD 2>/dev/null || echo unknown)}; \
+	@export TRAIN_COMMIT=$${TRAIN_COMMIT:-$$(git rev-parse HEAD 2>/dev/null || echo unknown)$$(git diff --quiet HEAD 2>/dev/null || echo -dirty)}; \
 	for cfg in $(LADDER_CONFIGS); do for seq in 3M 5M; do \
 	  confirm=$$([ $$seq = 3M ] && echo --confirm-longest); \
 	  ./train --ladder --config $$cfg --seq-len $$seq $(LADDER_ARGS) $$confirm --log results/ladder_$${cfg}_$${seq}.jsonl || exit 1; \

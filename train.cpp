@@ -349,6 +349,22 @@ struct StageRun {
     std::string output, log;
 };
 
+// One word for /bin/sh, whatever it holds: inside '...' nothing is special but ' itself, which
+// becomes '\'' (close, an escaped quote, reopen).
+std::string shell_quote(const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+// A JSON number, or null where the value is not finite (a diverged loss): JSON has no nan.
+std::string json_number(double v, const char* fmt) {
+    if (!std::isfinite(v)) return "null";
+    char buf[64];
+    snprintf(buf, sizeof buf, fmt, v);
+    return buf;
+}
+
 static StageRun run_child(const std::vector<std::string>& args, const std::string& log_path) {
     // This program's own path: /proc/self/exe read here, since inside popen's shell it would
     // name the shell.
@@ -356,9 +372,9 @@ static StageRun run_child(const std::vector<std::string>& args, const std::strin
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0) runtime_error("--ladder: cannot find this program's path (/proc/self/exe)");
     self[len] = 0;
-    std::string cmd = "'" + std::string(self) + "'";
-    for (const std::string& a : args) cmd += " '" + a + "'";
-    if (!log_path.empty()) cmd += " --log '" + log_path + "'";
+    std::string cmd = shell_quote(self);
+    for (const std::string& a : args) cmd += " " + shell_quote(a);
+    if (!log_path.empty()) cmd += " --log " + shell_quote(log_path);
     StageRun r;
     FILE* p = popen((cmd + " 2>&1").c_str(), "r");
     if (!p) runtime_error("--ladder: cannot start a child run");
@@ -1119,10 +1135,11 @@ static int run(Options o, const Launch& launch) {
         fflush(stdout);
         if (log) {
             fprintf(log,
-                    "{\"type\": \"step\", \"step\": %d, \"loss\": %.9g, \"lr\": %.6g, \"grad_norm\": %.6g, "
+                    "{\"type\": \"step\", \"step\": %d, \"loss\": %s, \"lr\": %.6g, \"grad_norm\": %s, "
                     "\"step_time_s\": %.6f, \"tokens_per_s\": %.2f, \"tokens_per_s_per_gpu\": %.2f, \"tflops\": %.3f, "
                     "\"mfu\": %.5f, \"memory_gib\": %s, \"driver_gib\": %.4f, \"host_gib\": %.4f}\n",
-                    step + 1, loss, opt.lr, std::sqrt(scalars[1]), step_s, step_tokens / step_s, T / step_s, tflops,
+                    step + 1, json_number(loss, "%.9g").c_str(), opt.lr,
+                    json_number(std::sqrt(scalars[1]), "%.6g").c_str(), step_s, step_tokens / step_s, T / step_s, tflops,
                     peak > 0 ? tflops / peak : 0.0, json_memory(arena, host_bytes).c_str(), driver, host);
             fflush(log);
         }

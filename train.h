@@ -56,6 +56,9 @@ int64_t parse_tokens(const std::string& flag, const std::string& value);
 // The config after --layers, validated against what the kernels support.
 LlamaConfig resolve_config(const Options& o);
 std::string usage_text();
+// One /bin/sh word holding s exactly (the ladder's child runs); a JSON number, null if not finite.
+std::string shell_quote(const std::string& s);
+std::string json_number(double v, const char* fmt);
 
 // Synthetic data (no download). copy: each sequence is h random tokens followed by the same h
 // tokens again; only targets that can be predicted by looking back are scored (the rest are -1).

@@ -30,6 +30,27 @@ Options parse(std::vector<std::string> args) {
     return parse_options((int)argv.size(), argv.data());
 }
 
+// The ladder starts its children through /bin/sh: every argument must arrive as it was.
+TEST(Flags, ShellQuotingSurvivesTheShell) {
+    for (std::string s : {"plain", "with space", "it's", "'", "''", "a\"b", "$HOME", "`ls`", "back\\slash", "semi;colon", ""}) {
+        FILE* p = popen(("printf %s " + shell_quote(s)).c_str(), "r");
+        ASSERT_NE(p, nullptr);
+        std::string out;
+        char buf[256];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+        pclose(p);
+        EXPECT_EQ(out, s);
+    }
+}
+
+TEST(Flags, JsonNumbersAreNullWhenNotFinite) {
+    EXPECT_EQ(json_number(1.5, "%.3g"), "1.5");
+    EXPECT_EQ(json_number(NAN, "%.9g"), "null");
+    EXPECT_EQ(json_number(INFINITY, "%.9g"), "null");
+    EXPECT_EQ(json_number(-INFINITY, "%.9g"), "null");
+}
+
 TEST(Flags, TokenCountsWithSuffixes) {
     EXPECT_EQ(parse_tokens("--seq-len", "12"), 12);
     EXPECT_EQ(parse_tokens("--seq-len", "8K"), 8192);
