@@ -14,7 +14,7 @@
 // It is split in two kernels so that no two blocks write the same output (deterministic, no
 // atomics): one block per KV tile computes dK and dV, summing over every query head of its GQA
 // group inside the kernel; one block per query tile computes dQ. The price is computing S and
-// dP twice; the fast Hopper kernels (a separate issue) remove it.
+// dP twice (attention_hopper.cu, the fast kernels, pays it too).
 //
 // Tensor cores through mma.sync m16n8k16 (bf16 in, fp32 accumulate), operands from shared
 // memory via ldmatrix, global -> shared copies via cp.async, double-buffered. Every row index

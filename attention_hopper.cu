@@ -68,11 +68,22 @@
 #include "attention_ptx.cuh"
 #include "llama.h"
 
+// These kernels need sm_90a (wgmma, setmaxnreg, TMA). Device code for any other target gets
+// kernels that trap, so that builds for other GPUs (make GPU_ARCH=..., sm_80 alone or beside
+// sm_90a) still compile and link; the dispatch launches them only on an sm_90 GPU.
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HOPPER_STUB 1
+#else
+#define HOPPER_STUB 0
+#endif
+
 namespace hopper {
 
 constexpr int HD = 128;
 constexpr int THREADS = 384;                 // producer warpgroup + two consumer warpgroups
+#if !HOPPER_STUB
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 * 40 + 256 * 232 <= 65536
+#endif
 constexpr int TILE = 128 * 128 * 2;          // bytes of a [128][128] bf16 tile
 constexpr int HALF_TILE = TILE / 2;          // a [64][128] tile
 
@@ -264,6 +275,7 @@ __device__ inline void rescale(float* o, const float* correction) {
 __global__ void __launch_bounds__(THREADS, 1)
     forward_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const FwdParams p) {
+#if !HOPPER_STUB
     const uint32_t sQ = aligned_smem(), sK = sQ + TILE, sV = sK + FWD_STAGES * TILE;
     const uint32_t bars = sV + FWD_STAGES * TILE;
     const uint32_t q_full = bars;
@@ -363,6 +375,9 @@ __global__ void __launch_bounds__(THREADS, 1)
                 __floats2bfloat162_rn(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
         if (ln.t == 0) p.lse[((int64_t)b * p.n_heads + h) * p.seq + row] = (row_max[r] + log2f(row_sum[r])) * LN2;
     }
+#else
+    __trap();
+#endif
 }
 
 // =============================================================================================
@@ -388,6 +403,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
                 const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
                 const BwdParams p) {
+#if !HOPPER_STUB
     const uint32_t sK = aligned_smem(), sV = sK + TILE, sQ = sV + TILE, sdO = sQ + BWD_STAGES * HALF_TILE;
     const uint32_t sStats = sdO + BWD_STAGES * HALF_TILE;  // [stage][lse * log2 e (64), delta (64)]
     const uint32_t bars = sStats + BWD_STAGES * 2 * BQ * 4;
@@ -532,6 +548,9 @@ __global__ void __launch_bounds__(THREADS, 1)
             *vp = __floats2bfloat162_rn(v_old.x + dv[4 * jj + 2 * r], v_old.y + dv[4 * jj + 2 * r + 1]);
         }
     }
+#else
+    __trap();
+#endif
 }
 
 // ---- dQ: one block per 128 query rows of one head.
@@ -543,6 +562,7 @@ constexpr int DQ_SMEM = 1024 + 2 * TILE + BWD_STAGES * 2 * HALF_TILE + 8 * (1 + 
 __global__ void __launch_bounds__(THREADS, 1)
     dq_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
               const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v, const BwdParams p) {
+#if !HOPPER_STUB
     const uint32_t sQ = aligned_smem(), sdO = sQ + TILE, sK = sdO + TILE, sV = sK + BWD_STAGES * HALF_TILE;
     const uint32_t bars = sV + BWD_STAGES * HALF_TILE;
     const uint32_t q_full = bars;
@@ -656,6 +676,9 @@ __global__ void __launch_bounds__(THREADS, 1)
             *(__nv_bfloat162*)(out + ln.col(jj, 0)) =
                 __floats2bfloat162_rn(dq[4 * jj + 2 * r] * p.scale, dq[4 * jj + 2 * r + 1] * p.scale);
     }
+#else
+    __trap();
+#endif
 }
 
 // =============================================================================================
@@ -707,6 +730,9 @@ void launch(Kernel kernel, int64_t blocks, int smem, cudaStream_t s, const Args&
 
 // Whether the Hopper kernels can run this call: head dim 128, an sm_90 device, the alignment
 // TMA needs (16-byte base addresses and row strides), sequences within TMA's 32-bit rows.
+// An sm_90 GPU. (One GPU per process, as everywhere in this program: the answer is cached.) A
+// binary built for sm_90 without the "a" holds the trapping kernels: build Hopper code with
+// compute_90a/sm_90a, as the Makefile does.
 static bool hopper_device() {
     static int answer = -1;
     if (answer < 0) {
@@ -720,12 +746,15 @@ static bool hopper_device() {
 }
 static bool attention_hopper_applies(const AttentionShape& sh, std::initializer_list<const void*> ptrs,
                               std::initializer_list<int64_t> lds) {
-    if (sh.head_dim != 128 || sh.seq >= ((int64_t)1 << 31) || !hopper_device()) return false;
+    // Shapes the reference rejects go there, for its error message.
+    if (sh.head_dim != 128 || sh.n_kv_heads <= 0 || sh.n_heads % sh.n_kv_heads != 0) return false;
+    if (sh.seq >= ((int64_t)1 << 31) || !hopper_device()) return false;
     for (const void* p : ptrs)
         if (!hopper::aligned16(p)) return false;
-    for (int64_t ld : lds)
-        if (ld % 8 != 0) return false;
-    return true;
+    for (int64_t ld : lds)  // TMA: row strides of 16-byte multiples, below 2^40 bytes per sequence
+        if (ld % 8 != 0 || (double)sh.seq * ld * 2 >= 1e12) return false;
+    const int64_t tiles = (sh.seq + 127) / 128;  // blocks of the largest grid
+    return tiles * sh.n_heads * sh.batch < ((int64_t)1 << 31);
 }
 
 void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
@@ -780,8 +809,10 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
 static bool use_reference = false;
 void attention_use_reference(bool on) { use_reference = on; }
 
+// For 16-byte aligned inputs with row strides of multiples of 8 elements (the model's buffers).
 bool attention_uses_hopper(const AttentionShape& sh) {
-    return !use_reference && sh.head_dim == 128 && sh.seq < ((int64_t)1 << 31) && hopper_device();
+    return !use_reference && sh.head_dim == 128 && sh.n_kv_heads > 0 && sh.n_heads % sh.n_kv_heads == 0 &&
+           sh.seq < ((int64_t)1 << 31) && hopper_device();
 }
 
 void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {

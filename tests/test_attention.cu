@@ -140,6 +140,29 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCases,
                              Case{1, 1000, 8, 2, 128},    // many tiles, ragged tail
                          })));
 
+// Head counts that do not form GQA groups are refused (exit code 2) by both kernel sets, not
+// run with a wrong group size.
+TEST(AttentionShapes, BadHeadCountsAreUsageErrors) {
+    REQUIRE_GPU();
+    DeviceBuffer<bf16> qkv(64 * 3072), out(64 * 1024);
+    DeviceBuffer<float> lse(64 * 8);
+    for (bool reference : {true, false}) {
+        attention_use_reference(reference);
+        for (AttentionShape sh : {AttentionShape{1, 64, 6, 4, 128}, AttentionShape{1, 64, 2, 0, 128},
+                                  AttentionShape{1, 64, 2, 4, 128}}) {
+            AttentionForwardArgs fa{qkv, qkv + 1024, qkv + 2048, 3072, 3072, 3072, out, 1024, lse};
+            int code = -1;
+            try {
+                attention_forward(fa, sh, 0);
+            } catch (const Fatal& f) {
+                code = f.code;
+            }
+            EXPECT_EQ(code, EXIT_USAGE) << "Hq " << sh.n_heads << " Hkv " << sh.n_kv_heads;
+        }
+    }
+    attention_use_reference(false);
+}
+
 // ---------------------------------------------------------------------------------------------
 // A long sequence: 2^18 + 77 tokens in a fused buffer with a row stride of 9216 elements, so row
 // offsets pass 2^31 elements (a 32-bit index would wrap). Checked in float64 on sampled query
