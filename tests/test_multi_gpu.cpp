@@ -113,7 +113,8 @@ TEST(MultiGpu, DataParallelAndFsdpMatchOneGpu) {
 TEST(MultiGpu, UlyssesAndFsdpMatchOneGpu) {
     REQUIRE_GPUS(2);
     // One sequence on one GPU against the same sequence split over two.
-    for (const char* cfg : {"tiny", "tiny-untied"}) {  // tiny-untied has 1 KV head: replicated on 2 GPUs
+    // tiny-untied has 1 KV head: replicated on 2 GPUs; tiny-hd128 runs attention_hopper.cu's kernels.
+    for (const char* cfg : {"tiny", "tiny-untied", "tiny-hd128"}) {
         SCOPED_TRACE(cfg);
         const std::string common = std::string("--config ") + cfg +
                                    " --layers 3 --task random --steps 3 --lr 2e-3 --seed 11 --seq-len 400 --batch 1";
