@@ -728,8 +728,6 @@ void launch(Kernel kernel, int64_t blocks, int smem, cudaStream_t s, const Args&
 
 }  // namespace hopper
 
-// Whether the Hopper kernels can run this call: head dim 128, an sm_90 device, the alignment
-// TMA needs (16-byte base addresses and row strides), sequences within TMA's 32-bit rows.
 // An sm_90 GPU. (One GPU per process, as everywhere in this program: the answer is cached.) A
 // binary built for sm_90 without the "a" holds the trapping kernels: build Hopper code with
 // compute_90a/sm_90a, as the Makefile does.
@@ -744,8 +742,12 @@ static bool hopper_device() {
     }
     return answer == 1;
 }
+
+// Whether the Hopper kernels can run this call: head dim 128, whole GQA groups, an sm_90 device,
+// the alignment TMA needs (16-byte base addresses and row strides), sequences within TMA's
+// 32-bit rows and 2^40-byte strides, a grid within 2^31 blocks.
 static bool attention_hopper_applies(const AttentionShape& sh, std::initializer_list<const void*> ptrs,
-                              std::initializer_list<int64_t> lds) {
+                                     std::initializer_list<int64_t> lds) {
     // Shapes the reference rejects go there, for its error message.
     if (sh.head_dim != 128 || sh.n_kv_heads <= 0 || sh.n_heads % sh.n_kv_heads != 0) return false;
     if (sh.seq >= ((int64_t)1 << 31) || !hopper_device()) return false;
