@@ -80,10 +80,10 @@ ladder: train
 	  ./train --ladder --config $$cfg --seq-len $$seq $(LADDER_ARGS) $$confirm --log results/ladder_$${cfg}_$${seq}.jsonl || exit 1; \
 	done; done
 
-# Attention TFLOP/s of our kernels, and PyTorch SDPA side by side where PyTorch is installed.
 # The attention kernels the model uses, each shape checked against attention.cu's first, then
 # PyTorch's SDPA on the same shapes. BENCH_SEQS=...,1M adds a million tokens (the reference
 # check alone then takes minutes; BENCH_ARGS=--no-check skips it, --reference times attention.cu).
+# PyTorch's side runs where PyTorch is installed.
 BENCH_SEQS ?= 8K,16K,64K,128K
 BENCH_ARGS ?=
 bench: build/bench_attention

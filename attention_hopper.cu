@@ -185,6 +185,19 @@ __device__ inline void wgmma_64_ss(float* d, uint64_t da, uint64_t db, int scale
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// The k-steps of the two product shapes used more than once, issued (the caller commits):
+// acc (64 x 64) (+)= A B^T over d: A = 64 rows of a [128][128] tile, B = a [R][128] tile, K-major.
+__device__ inline void product_64_ss(float* acc, uint32_t a_rows, uint32_t b_tile, int b_rows) {
+#pragma unroll
+    for (int k = 0; k < HD / 16; k++) wgmma_64_ss(acc, kmajor_desc(a_rows, k, 128), kmajor_desc(b_tile, k, b_rows), k > 0);
+}
+// acc (64 x 128) += P B: P = registers (64 x R, from to_a), B = a [R][128] tile read MN-major.
+template <int R>
+__device__ inline void product_128_rs(float* acc, const uint32_t* p, uint32_t b_tile) {
+#pragma unroll
+    for (int kc = 0; kc < R / 16; kc++) wgmma_128_rs_mn(acc, p + 4 * kc, mnmajor_desc(b_tile, kc, R));
+}
+
 // The accumulator fragments of columns 16j..16j+15 -> the register A fragment of k-step j.
 // (Thread layout of both: row g (+8), columns 2t, 2t+1 (+8); g = lane / 4, t = lane % 4.)
 __device__ inline void to_a(uint32_t* a, const float* c, int j) {
@@ -352,8 +365,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(v_full(s), phase);
         fence_regs<64>(o);
         wgmma_fence();
-#pragma unroll
-        for (int kc = 0; kc < 8; kc++) wgmma_128_rs_mn(o, pa + 4 * kc, mnmajor_desc(sV + s * TILE, kc, 128));
+        product_128_rs<128>(o, pa, sV + s * TILE);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs<64>(o);
@@ -486,11 +498,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, two groups of products.
         wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(st, kmajor_desc(k_rows, k, 128), kmajor_desc(q_tile, k, BQ), k > 0);
+        product_64_ss(st, k_rows, q_tile, BQ);
         wgmma_commit();
-#pragma unroll
-        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(dpt, kmajor_desc(v_rows, k, 128), kmajor_desc(do_tile, k, BQ), k > 0);
+        product_64_ss(dpt, v_rows, do_tile, BQ);
         wgmma_commit();
 
         // P^T = exp(scale s - lse) where the query sees the key, while dP^T is computed.
@@ -521,10 +531,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         // dV += P^T dO, dK += dS^T Q: dO and Q read MN-major (queries are the k, d the n).
         fence_regs<64>(dv), fence_regs<64>(dk);
         wgmma_fence();
-#pragma unroll
-        for (int kc = 0; kc < 4; kc++) wgmma_128_rs_mn(dv, pa + 4 * kc, mnmajor_desc(do_tile, kc, BQ));
-#pragma unroll
-        for (int kc = 0; kc < 4; kc++) wgmma_128_rs_mn(dk, dsa + 4 * kc, mnmajor_desc(q_tile, kc, BQ));
+        product_128_rs<BQ>(dv, pa, do_tile);
+        product_128_rs<BQ>(dk, dsa, q_tile);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs<64>(dv), fence_regs<64>(dk);
@@ -628,11 +636,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         float sc[32], dp[32];
         wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(sc, kmajor_desc(q_rows, k, 128), kmajor_desc(k_tile, k, BQ), k > 0);
+        product_64_ss(sc, q_rows, k_tile, BQ);
         wgmma_commit();
-#pragma unroll
-        for (int k = 0; k < HD / 16; k++) wgmma_64_ss(dp, kmajor_desc(do_rows, k, 128), kmajor_desc(v_tile, k, BQ), k > 0);
+        product_64_ss(dp, do_rows, v_tile, BQ);
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs<32>(sc);
@@ -657,8 +663,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         // dQ += dS K: K read MN-major (keys are the k of this product, d its n).
         fence_regs<64>(dq);
         wgmma_fence();
-#pragma unroll
-        for (int kc = 0; kc < 4; kc++) wgmma_128_rs_mn(dq, dsa + 4 * kc, mnmajor_desc(k_tile, kc, BQ));
+        product_128_rs<BQ>(dq, dsa, k_tile);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs<64>(dq);

@@ -418,6 +418,7 @@ static std::vector<std::string> stage_args(const Options& o, int k, int layers, 
     if (k > 0) a.push_back("--stage"), a.push_back(std::to_string(k));
     if (o.sim_world > 1) a.push_back("--sim-world"), a.push_back(std::to_string(o.sim_world));
     if (o.nproc > 1) a.push_back("--nproc"), a.push_back(std::to_string(o.nproc));
+    if (o.attention != "fast") a.push_back("--attention"), a.push_back(o.attention);
     if (o.step.chunk_tokens) a.push_back("--chunk-tokens"), a.push_back(std::to_string(o.step.chunk_tokens));
     if (o.step.loss_chunk_tokens)
         a.push_back("--loss-chunk-tokens"), a.push_back(std::to_string(o.step.loss_chunk_tokens));
@@ -1028,6 +1029,7 @@ static int run(Options o, const Launch& launch) {
     if (!o.init_from.empty()) load_hf_checkpoint(m, o.init_from, stream);
     else model_init_weights(m, o.seed, stream);
 
+    const bool fast_attention = attention_uses_hopper({1, o.seq_len, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim});
     FILE* log = nullptr;
     if (lead && !o.log_path.empty()) {
         log = fopen(o.log_path.c_str(), "w");
@@ -1040,7 +1042,7 @@ static int run(Options o, const Launch& launch) {
                 "\"cap_gib\": %.3f}\n",
                 json_escape(cmd).c_str(), prop.name, cfg.name.c_str(), cfg.n_layers, (long long)o.seq_len, o.batch,
                 world, simulated ? "true" : "false", (long long)m.shape.tokens(), (long long)count_params(cfg),
-                attention_uses_hopper({1, o.seq_len, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "hopper" : "reference",
+                fast_attention ? "hopper" : "reference",
                 json_memory(arena, host_bytes).c_str(), dm.runtime_bytes / GiB, nccl_gib, dm.cap_bytes / GiB);
         fflush(log);
     }
@@ -1078,9 +1080,7 @@ static int run(Options o, const Launch& launch) {
                               (unsigned long long)data.file->count);
         else printf("training %d steps on the '%s' task (tokens < %d)\n", o.steps, o.task.c_str(), o.task_vocab);
         printf("  attention kernels: %s\n",
-               attention_uses_hopper({1, o.seq_len, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim})
-                   ? "attention_hopper.cu (wgmma + TMA)"
-                   : "attention.cu (reference)");
+               fast_attention ? "attention_hopper.cu (wgmma + TMA)" : "attention.cu (reference)");
         if (!data.file && o.task == "copy")
             printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
     }

@@ -59,21 +59,20 @@ static Timing time_kernels(const AttentionForwardArgs& fa, const AttentionBackwa
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
-    std::vector<float> tf, tb;
-    for (int r = 0; r < reps + 2; r++) {
+    auto time_one = [&](auto run) {  // one call, timed by events around it
         float ms;
         CUDA_CHECK(cudaEventRecord(e0));
-        attention_forward(fa, sh, 0);
+        run();
         CUDA_CHECK(cudaEventRecord(e1));
         CUDA_CHECK(cudaEventSynchronize(e1));
         CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 2) tf.push_back(ms);
-        CUDA_CHECK(cudaEventRecord(e0));
-        attention_backward(ba, sh, 0);
-        CUDA_CHECK(cudaEventRecord(e1));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 2) tb.push_back(ms);
+        return ms;
+    };
+    std::vector<float> tf, tb;
+    for (int r = 0; r < reps + 2; r++) {  // forward and backward alternate, as in training
+        const float f = time_one([&] { attention_forward(fa, sh, 0); });
+        const float b = time_one([&] { attention_backward(ba, sh, 0); });
+        if (r >= 2) tf.push_back(f), tb.push_back(b);
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     return {median(tf), median(tb)};
