@@ -185,6 +185,32 @@ __device__ inline void wgmma_64_ss(float* d, uint64_t da, uint64_t db, int scale
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// d (64 x 64, fp32) (+)= A (shared, MN-major: m contiguous) * B (shared, MN-major: n contiguous).
+__device__ inline void wgmma_64_ss_mn(float* d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// Named barriers (0 is __syncthreads): `count` threads of the consumer warpgroups meet.
+__device__ inline void named_barrier(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+// Shared-memory writes of this thread become visible to the async proxy (wgmma, bulk copies).
+__device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// global[0..bytes) += shared[0..bytes), fp32, by the copy engine (one bulk group per call).
+__device__ inline void bulk_reduce_add(float* global, uint32_t shared, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 "cp.async.bulk.commit_group;\n" ::"l"(global), "r"(shared), "r"(bytes)
+                 : "memory");
+}
+// Wait until the bulk groups of this thread have read their sources (READ) or completed.
+template <bool READ>
+__device__ inline void bulk_wait_all() {
+    if (READ) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    else asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
 // The k-steps of the two product shapes used more than once, issued (the caller commits):
 // acc (64 x 64) (+)= A B^T over d: A = 64 rows of a [128][128] tile, B = a [R][128] tile, K-major.
 __device__ inline void product_64_ss(float* acc, uint32_t a_rows, uint32_t b_tile, int b_rows) {
@@ -401,23 +427,44 @@ struct BwdParams {
     int n_heads, n_kv_heads, batch, group;
     float scale, scale_log2;
     bool accumulate_dkv;
+    float* dq_accum;  // the fused backward's fp32 dQ sums, [batch][head][64-row tile][2][64][64]
 };
 constexpr int BWD_STAGES = 3;
 constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per step of dQ's
 
-// ---- dK, dV: one block per 128 keys of one KV head.
-constexpr int DKDV_SMEM = 1024 + 2 * TILE + BWD_STAGES * (2 * HALF_TILE + 2 * BQ * 4) + 8 * (1 + 2 * BWD_STAGES);
+// ---- dK, dV (and, FUSED_DQ, dQ): one block per 128 keys of one KV head.
+//
+// FUSED_DQ: the block also adds this key tile's part of dQ = dS K into an fp32 accumulator
+// (attention_dq_accum_floats), so S and dP are computed once: 5 products where the deterministic
+// pair of kernels computes 7. Per step each consumer writes its 64 rows of dS^T (bf16) to a
+// shared [128 keys][64 queries] tile (double-buffered), the two consumers meet at a named
+// barrier, and consumer c computes dQ[:, 64c..64c+63] = dS K[:, 64c..] over all 128 keys
+// (m64n64k16, dS read MN-major from that tile, K MN-major). The 64 x 64 fp32 result goes to a
+// shared tile and the copy engine adds it to global memory (cp.reduce.async.bulk .add.f32);
+// dq_convert_kernel then scales and rounds the sums to bf16. Blocks add in whatever order they
+// run, so dQ is not bit-reproducible from run to run; dK and dV still are.
+constexpr int DQ_ACC_TILE = BQ * 64 * 4;  // bytes of one consumer's 64 x 64 fp32 part of a step's dQ
+constexpr int DST_TILE = 128 * BQ * 2;    // bytes of a [128 keys][64 queries] bf16 tile of dS^T
+template <bool FUSED_DQ>
+constexpr int dkdv_smem() {
+    return 1024 + 2 * TILE + BWD_STAGES * (2 * HALF_TILE + 2 * BQ * 4) + (FUSED_DQ ? 2 * DST_TILE + 2 * DQ_ACC_TILE : 0) +
+           8 * (1 + 2 * BWD_STAGES);
+}
+static_assert(dkdv_smem<true>() <= 227 * 1024, "the fused dK/dV/dQ kernel's shared memory exceeds the SM's");
 
 // (Tried on an H200: issuing the next step's S^T and dP^T before waiting for this step's dV and
 // dK. The compiler serializes those products (ptxas C7515) and it ran no faster: 478 against
 // 480 TFLOP/s of the kernel's products at 16K.)
+template <bool FUSED_DQ>
 __global__ void __launch_bounds__(THREADS, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
                 const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
                 const BwdParams p) {
 #if !HOPPER_STUB
     const uint32_t sK = aligned_smem(), sV = sK + TILE, sQ = sV + TILE, sdO = sQ + BWD_STAGES * HALF_TILE;
-    const uint32_t sStats = sdO + BWD_STAGES * HALF_TILE;  // [stage][lse * log2 e (64), delta (64)]
+    const uint32_t sdST = sdO + BWD_STAGES * HALF_TILE;          // FUSED_DQ: 2 x [128][64] bf16 dS^T
+    const uint32_t sdQ = sdST + (FUSED_DQ ? 2 * DST_TILE : 0);   // FUSED_DQ: 2 x [64][64] fp32 dQ parts
+    const uint32_t sStats = sdQ + (FUSED_DQ ? 2 * DQ_ACC_TILE : 0);  // [stage][lse * log2 e (64), delta (64)]
     const uint32_t bars = sStats + BWD_STAGES * 2 * BQ * 4;
     const uint32_t kv_full = bars;
     auto full = [&](int s) { return bars + 8 * (1 + s); };
@@ -479,7 +526,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int c = threadIdx.x / 128 - 1;  // consumer: keys 64c..64c+63 of the tile
     const Lane ln;
     const uint32_t k_rows = sK + c * 64 * 128, v_rows = sV + c * 64 * 128;
-    float dk[64], dv[64], st[32], dpt[32];
+    float dk[64], dv[64];
     uint32_t pa[16], dsa[16];
 #pragma unroll
     for (int i = 0; i < 64; i++) dk[i] = 0.f, dv[i] = 0.f;
@@ -489,55 +536,120 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int64_t steps_per_head = n_qt - first_qt;
     for (int64_t step = 0; step < p.group * steps_per_head; step++) {
         const int s = (int)(step % BWD_STAGES);
-        const int64_t q0 = (first_qt + step % steps_per_head) * BQ;
+        const int64_t qt = first_qt + step % steps_per_head, q0 = qt * BQ;
         mbar_wait(full(s), (uint32_t)((step / BWD_STAGES) & 1));
         const uint32_t q_tile = sQ + s * HALF_TILE, do_tile = sdO + s * HALF_TILE;
-        if (q0 + BQ - 1 < k0 + c * 64) {  // every query of the tile precedes every key of this consumer
+        // Whether this consumer's keys are seen by any query of the tile (not: all follow them).
+        const bool active = q0 + BQ - 1 >= k0 + c * 64;
+        if (!FUSED_DQ && !active) {
             mbar_arrive(empty(s));
             continue;
         }
-        // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, two groups of products.
-        wgmma_fence();
-        product_64_ss(st, k_rows, q_tile, BQ);
-        wgmma_commit();
-        product_64_ss(dpt, v_rows, do_tile, BQ);
-        wgmma_commit();
+        const uint32_t dst_tile = sdST + (uint32_t)(step & 1) * DST_TILE;
+        if (active) {
+            // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, two groups of products.
+            float st[32], dpt[32];
+            wgmma_fence();
+            product_64_ss(st, k_rows, q_tile, BQ);
+            wgmma_commit();
+            product_64_ss(dpt, v_rows, do_tile, BQ);
+            wgmma_commit();
 
-        // P^T = exp(scale s - lse) where the query sees the key, while dP^T is computed.
-        const float* lse2 = stats + s * 2 * BQ;
-        const float* delta = lse2 + BQ;
-        wgmma_wait<1>();
-        fence_regs<32>(st);
-        const bool edge = q0 < k0 + 128 || q0 + BQ > p.seq;
+            // P^T = exp(scale s - lse) where the query sees the key, while dP^T is computed.
+            const float* lse2 = stats + s * 2 * BQ;
+            const float* delta = lse2 + BQ;
+            wgmma_wait<1>();
+            fence_regs<32>(st);
+            const bool edge = q0 < k0 + 128 || q0 + BQ > p.seq;
 #pragma unroll
-        for (int jj = 0; jj < 8; jj++)
+            for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qi = ln.col(jj, e);
-                float pr = exp2_fast(fmaf(st[4 * jj + e], p.scale_log2, -lse2[qi]));
-                if (edge && (q0 + qi < k0 + c * 64 + ln.row(e / 2) || q0 + qi >= p.seq)) pr = 0.f;
-                st[4 * jj + e] = pr;
+                for (int e = 0; e < 4; e++) {
+                    const int qi = ln.col(jj, e);
+                    float pr = exp2_fast(fmaf(st[4 * jj + e], p.scale_log2, -lse2[qi]));
+                    if (edge && (q0 + qi < k0 + c * 64 + ln.row(e / 2) || q0 + qi >= p.seq)) pr = 0.f;
+                    st[4 * jj + e] = pr;
+                }
+            // dS^T = P^T (dP^T - delta)
+            wgmma_wait<0>();
+            fence_regs<32>(dpt);
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - delta[ln.col(jj, e)]);
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) to_a(pa + 4 * kc, st, kc), to_a(dsa + 4 * kc, dpt, kc);
+
+            if (FUSED_DQ) {  // this consumer's rows of dS^T into the shared tile (128-byte swizzle)
+                extern __shared__ unsigned char smem_raw[];
+                unsigned char* tile = smem_raw + (dst_tile - smem_u32(smem_raw));
+#pragma unroll
+                for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {  // a[i]: row g + 8 (i & 1), columns 16 kc + 8 (i / 2) + 2t
+                        const int row = c * 64 + ln.row(i & 1), chunk = 2 * kc + i / 2;
+                        *(uint32_t*)(tile + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * ln.t) = dsa[4 * kc + i];
+                    }
+                fence_proxy_async();
             }
-        // dS^T = P^T (dP^T - delta)
-        wgmma_wait<0>();
-        fence_regs<32>(dpt);
-#pragma unroll
-        for (int jj = 0; jj < 8; jj++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - delta[ln.col(jj, e)]);
-#pragma unroll
-        for (int kc = 0; kc < 4; kc++) to_a(pa + 4 * kc, st, kc), to_a(dsa + 4 * kc, dpt, kc);
 
-        // dV += P^T dO, dK += dS^T Q: dO and Q read MN-major (queries are the k, d the n).
-        fence_regs<64>(dv), fence_regs<64>(dk);
-        wgmma_fence();
-        product_128_rs<BQ>(dv, pa, do_tile);
-        product_128_rs<BQ>(dk, dsa, q_tile);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs<64>(dv), fence_regs<64>(dk);
-        mbar_arrive(empty(s));
+            // dV += P^T dO, dK += dS^T Q: dO and Q read MN-major (queries are the k, d the n).
+            fence_regs<64>(dv), fence_regs<64>(dk);
+            wgmma_fence();
+            product_128_rs<BQ>(dv, pa, do_tile);
+            product_128_rs<BQ>(dk, dsa, q_tile);
+            wgmma_commit();
+        }
+        if (FUSED_DQ) {
+            // dQ[:, 64c..64c+63] = dS K[:, 64c..]: over all 128 keys once both consumers' dS^T is
+            // in the tile; over the first 64 when the second consumer's keys all follow the queries.
+            float dq[32] = {};
+            named_barrier(1, 256);
+            wgmma_fence();
+            const uint32_t k_half = sK + c * (TILE / 2);
+            if (q0 + BQ - 1 >= k0 + 64) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) wgmma_64_ss_mn(dq, mnmajor_desc(dst_tile, k, 128), mnmajor_desc(k_half, k, 128), k > 0);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++) wgmma_64_ss_mn(dq, mnmajor_desc(dst_tile, k, 128), mnmajor_desc(k_half, k, 128), k > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs<32>(dq);
+            if (active) fence_regs<64>(dv), fence_regs<64>(dk);
+            mbar_arrive(empty(s));
+
+            // The 64 x 64 part to this consumer's shared fp32 tile (its previous sum read out
+            // first), then one thread has the copy engine add it to the accumulator. Columns
+            // 8j..8j+7 of row r sit at block j ^ (r % 8), so a warp's float2 stores hit 32 banks.
+            extern __shared__ unsigned char smem_raw[];
+            const uint32_t acc_tile = sdQ + c * DQ_ACC_TILE;
+            float* acc = (float*)(smem_raw + (acc_tile - smem_u32(smem_raw)));
+            const bool leader = threadIdx.x % 128 == 0;
+            if (leader) bulk_wait_all<true>();
+            named_barrier(2 + c, 128);
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int row = ln.row(r);
+                    *(float2*)(acc + row * 64 + ((jj ^ (row & 7)) << 3) + 2 * ln.t) = make_float2(dq[4 * jj + 2 * r], dq[4 * jj + 2 * r + 1]);
+                }
+            fence_proxy_async();
+            named_barrier(2 + c, 128);
+            if (leader) {
+                const int h = kvh * p.group + (int)(step / steps_per_head);
+                float* dst = p.dq_accum + ((((int64_t)b * p.n_heads + h) * n_qt + qt) * 2 + c) * (BQ * 64);
+                bulk_reduce_add(dst, acc_tile, DQ_ACC_TILE);
+            }
+        } else {
+            wgmma_wait<0>();
+            fence_regs<64>(dv), fence_regs<64>(dk);
+            mbar_arrive(empty(s));
+        }
     }
+    if (FUSED_DQ && threadIdx.x % 128 == 0) bulk_wait_all<false>();
 
     const int64_t tok0 = (int64_t)b * p.seq;
 #pragma unroll
@@ -555,6 +667,31 @@ __global__ void __launch_bounds__(THREADS, 1)
             *kp = __floats2bfloat162_rn(k_old.x + dk[4 * jj + 2 * r] * p.scale, k_old.y + dk[4 * jj + 2 * r + 1] * p.scale);
             *vp = __floats2bfloat162_rn(v_old.x + dv[4 * jj + 2 * r], v_old.y + dv[4 * jj + 2 * r + 1]);
         }
+    }
+#else
+    __trap();
+#endif
+}
+
+// FUSED_DQ's last step: dq = scale * the fp32 sums, rounded to bf16. One block per 64 query rows
+// of one head; a thread takes 8 consecutive columns (one swizzled 32-byte block) at a time.
+__global__ void dq_convert_kernel(const BwdParams p, int64_t n_qt) {
+#if !HOPPER_STUB
+    const int64_t tile = blockIdx.x;  // ((b * n_heads + h) * n_qt + qt)
+    const int64_t qt = tile % n_qt, bh = tile / n_qt;
+    const int h = (int)(bh % p.n_heads), b = (int)(bh / p.n_heads);
+    const float* acc = p.dq_accum + tile * (BQ * HD);
+    for (int i = threadIdx.x; i < BQ * HD / 8; i += blockDim.x) {
+        const int row = i / (HD / 8), blk = i % (HD / 8);  // columns 8 blk .. 8 blk + 7
+        const int64_t q = qt * BQ + row;
+        if (q >= p.seq) continue;
+        const int half = blk / 8, j = blk % 8;
+        const float4* src = (const float4*)(acc + half * (BQ * 64) + row * 64 + ((j ^ (row & 7)) << 3));
+        const float4 x = src[0], y = src[1];
+        uint4 packed;
+        packed.x = pack_bf16(x.x * p.scale, x.y * p.scale), packed.y = pack_bf16(x.z * p.scale, x.w * p.scale);
+        packed.z = pack_bf16(y.x * p.scale, y.y * p.scale), packed.w = pack_bf16(y.z * p.scale, y.w * p.scale);
+        *(uint4*)(p.dq + ((int64_t)b * p.seq + q) * p.lddq + (int64_t)h * HD + 8 * blk) = packed;
     }
 #else
     __trap();
@@ -760,7 +897,7 @@ static bool attention_hopper_applies(const AttentionShape& sh, std::initializer_
         if (!hopper::aligned16(p)) return false;
     for (int64_t ld : lds)  // TMA: row strides of 16-byte multiples, below 2^40 bytes per sequence
         if (ld % 8 != 0 || (double)sh.seq * ld * 2 >= 1e12) return false;
-    const int64_t tiles = (sh.seq + 127) / 128;  // blocks of the largest grid
+    const int64_t tiles = (sh.seq + 63) / 64;  // blocks of the largest grid (dq_convert_kernel's)
     return tiles * sh.n_heads * sh.batch < ((int64_t)1 << 31);
 }
 
@@ -781,7 +918,8 @@ void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShap
 }
 
 // Backward with delta given (a.out == nullptr): the dK/dV kernel, then the dQ kernel (`parts`:
-// bit 0 the first, bit 1 the second; the bench times them apart).
+// bit 0 the first, bit 1 the second; the bench times them apart). With a.dq_accum: the fused
+// dK/dV/dQ kernel, then the conversion of its fp32 dQ sums.
 void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s, int parts) {
     if (a.out != nullptr || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
         usage_error("attention_backward_hopper: needs delta given, head dim 128, sm_90, 16-byte aligned inputs");
@@ -792,16 +930,25 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
     p.lddq = a.lddq, p.lddk = a.lddk, p.lddv = a.lddv, p.seq = sh.seq, p.n_tiles = (sh.seq + 127) / 128;
     p.n_heads = sh.n_heads, p.n_kv_heads = sh.n_kv_heads, p.batch = sh.batch, p.group = sh.n_heads / sh.n_kv_heads;
     p.scale = 1.0f / sqrtf((float)sh.head_dim), p.scale_log2 = p.scale * LOG2E;
-    p.accumulate_dkv = a.accumulate_dkv;
+    p.accumulate_dkv = a.accumulate_dkv, p.dq_accum = a.dq_accum;
     if (parts & 1) {  // dK, dV: 64-row query tiles stream past 128 keys.
         const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, BQ);
         const CUtensorMap mdo = tensor_map(a.dout, sh.n_heads, a.lddo, sh.seq, sh.batch, BQ);
         const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, 128);
         const CUtensorMap mv = tensor_map(a.v, sh.n_kv_heads, a.ldv, sh.seq, sh.batch, 128);
         const int64_t blocks = p.n_tiles * sh.n_kv_heads * sh.batch;
-        launch(dkdv_kernel, blocks, DKDV_SMEM, s, mq, mdo, mk, mv, p);
+        if (a.dq_accum) {
+            CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, attention_dq_accum_floats(sh) * sizeof(float), s));
+            launch(dkdv_kernel<true>, blocks, dkdv_smem<true>(), s, mq, mdo, mk, mv, p);
+        } else {
+            launch(dkdv_kernel<false>, blocks, dkdv_smem<false>(), s, mq, mdo, mk, mv, p);
+        }
     }
-    if (parts & 2) {  // dQ: 64-key tiles stream past 128 query rows.
+    if ((parts & 2) && a.dq_accum) {  // dQ from the fused kernel's fp32 sums
+        const int64_t n_qt = (sh.seq + BQ - 1) / BQ;
+        dq_convert_kernel<<<(unsigned)(n_qt * sh.n_heads * sh.batch), 256, 0, s>>>(p, n_qt);
+        CUDA_CHECK_LAUNCH();
+    } else if (parts & 2) {  // dQ: 64-key tiles stream past 128 query rows.
         const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, 128);
         const CUtensorMap mdo = tensor_map(a.dout, sh.n_heads, a.lddo, sh.seq, sh.batch, 128);
         const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, BQ);
@@ -809,6 +956,10 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
         const int64_t blocks = p.n_tiles * sh.n_heads * sh.batch;
         launch(dq_kernel, blocks, DQ_SMEM, s, mq, mdo, mk, mv, p);
     }
+}
+
+int64_t attention_dq_accum_floats(const AttentionShape& sh) {
+    return (int64_t)sh.batch * sh.n_heads * ((sh.seq + hopper::BQ - 1) / hopper::BQ) * hopper::BQ * hopper::HD;
 }
 
 // =============================================================================================

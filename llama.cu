@@ -809,6 +809,12 @@ void model_declare_buffers(Model& m, Arena& A) {
     m.dqkv = (sp > 1 || o.untied) ? nullptr : A.take<bf16>("d qkv", MEM_ATTENTION, T * QKV);  // Ulysses: shares a2a_send
     m.datt = o.untied ? nullptr : A.take<bf16>("d attention output", MEM_ATTENTION, T * QD);  // untied: per chunk
     m.delta = o.untied ? nullptr : A.take<float>("attention delta", MEM_ATTENTION, lse_n);
+    if (o.fused_attention) {  // the fused backward's fp32 dQ sums: 4 bytes per dQ element of one call
+        const AttentionShape call = o.untied ? AttentionShape{m.shape.batch, m.shape.seq, o.untied, 1, c.head_dim}
+                                    : sp > 1 ? AttentionShape{1, S_rows, heads.q, heads.kv, c.head_dim}
+                                             : AttentionShape{m.shape.batch, m.shape.seq, c.n_heads, c.n_kv_heads, c.head_dim};
+        m.dq_accum = A.take<float>("attention dQ sums, fp32 (--attention fused)", MEM_ATTENTION, attention_dq_accum_floats(call));
+    }
     if (o.untied) {  // Untied Ulysses (ulysses.cu): one head chunk's buffers, and the layer's input side
         const int K = o.untied, kv = std::max(1, K / (c.n_heads / c.n_kv_heads));
         const int64_t w = (int64_t)K * c.head_dim, kvw2 = 2LL * kv * c.head_dim;
@@ -1002,6 +1008,7 @@ static void attention_core_backward(Model& m, int l, cudaStream_t s) {
     const int64_t W = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
     AttentionBackwardArgs ba{a.qkv, a.qkv + Q, a.qkv + Q + K, a.att, m.datt, W, W, W, Q, Q, a.lse,
                              m.dqkv, m.dqkv + Q, m.dqkv + Q + K, W, W, W, m.delta};
+    ba.dq_accum = m.dq_accum;
     attention_backward(ba, attention_shape(m), s);
 }
 

@@ -200,7 +200,12 @@ struct AttentionBackwardArgs {
     int64_t lddq, lddk, lddv;
     float* delta;  // [B, Hq, S]: rowsum(dout * out), computed here unless out is nullptr
     bool accumulate_dkv = false;  // dk, dv += this call's (Untied Ulysses sums a KV group's chunks)
+    // Fused backward (--attention fused): attention_dq_accum_floats(shape) floats of fp32 workspace.
+    // Given, the fast kernels add dQ inside the dK/dV kernel (5 products instead of 7; dQ not
+    // bit-reproducible); nullptr, they run the deterministic dK/dV and dQ kernels.
+    float* dq_accum = nullptr;
 };
+int64_t attention_dq_accum_floats(const AttentionShape& sh);  // the fused backward's workspace
 // The training step calls these two: the fast Hopper kernels (attention_hopper.cu: head dim
 // 128 on an sm_90 GPU, 16-byte aligned inputs) unless the reference ones are selected or the
 // call is outside what the fast ones do; then attention.cu's kernels.
@@ -243,6 +248,7 @@ struct StepOptions {
     bool offload = false;            // --offload: kept tensors in pinned host memory (needs ckpt)
     bool chunked = false;            // --chunked: MLP, element-wise work and loss in token chunks
     int untied = 0;                  // --untied[=K]: attention in chunks of K query heads per GPU (0: off)
+    bool fused_attention = false;    // --attention fused: attention's backward adds dQ in an fp32 buffer
     int64_t chunk_tokens = 0;        // --chunk-tokens; 0: the hidden size (ALST's tile)
     int64_t loss_chunk_tokens = 0;   // 0: as many tokens as keep a chunk's logits near 1 GiB
 };
@@ -323,6 +329,7 @@ struct Model {
     float *untied_delta_send = nullptr, *untied_delta_recv = nullptr, *untied_delta_heads = nullptr;
     bf16 *dxn = nullptr, *dh13 = nullptr, *dact = nullptr;
     float *delta = nullptr, *norm_partial = nullptr, *reduce_scratch = nullptr;
+    float* dq_accum = nullptr;  // --attention fused: the fp32 dQ sums of one attention call
     float *scalars = nullptr;  // [0] loss sum, [1] grad sum of squares, [2] clip scale
     // inputs
     int32_t *tokens = nullptr, *targets = nullptr;

@@ -72,8 +72,10 @@ std::string usage_text() {
            "  --chunked            MLP, element-wise ops and the LM head + loss in token chunks\n"
            "  --untied[=K]         Untied Ulysses: attention in chunks of K query heads per GPU, one reused buffer set\n"
            "                       (default K = 1; implies --ckpt)\n"
-           "  --attention fast|reference  attention kernels: fast = attention_hopper.cu (wgmma + TMA; head dim 128 on\n"
-           "                       an sm_90 GPU, else the reference), reference = attention.cu (default fast)\n"
+           "  --attention fast|fused|reference  attention kernels: fast = attention_hopper.cu (wgmma + TMA; head dim\n"
+           "                       128 on an sm_90 GPU, else the reference), deterministic; fused = fast with dQ added in\n"
+           "                       fp32 inside the dK/dV kernel (faster backward, 4 bytes per dQ element more, dQ not\n"
+           "                       bit-reproducible); reference = attention.cu (default fast)\n"
            "  --chunk-tokens N     tokens per chunk of a layer (default: the hidden size)\n"
            "  --loss-chunk-tokens N  tokens per chunk of the LM head and loss (default: logits near 1 GiB)\n"
            "\n"
@@ -205,8 +207,9 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--untied") o.step.untied = has_value ? (int)parse_int(arg, value, 1, 1 << 16) : 1;
         else if (arg == "--attention") {
             o.attention = need();
-            if (o.attention != "fast" && o.attention != "reference")
-                usage_error("--attention must be 'fast' or 'reference', got '" + o.attention + "'");
+            if (o.attention != "fast" && o.attention != "fused" && o.attention != "reference")
+                usage_error("--attention must be 'fast', 'fused' or 'reference', got '" + o.attention + "'");
+            o.step.fused_attention = o.attention == "fused";
         } else if (arg == "--chunk-tokens") o.step.chunk_tokens = parse_tokens(arg, need());
         else if (arg == "--loss-chunk-tokens") o.step.loss_chunk_tokens = parse_tokens(arg, need());
         else usage_error("unknown flag '" + std::string(argv[i]) + "' (see --help)");
@@ -314,6 +317,7 @@ std::vector<LadderRow> ladder_plan(const Options& base) {
         r.runtime_gib = rt;
         Options o = base;
         o.step = StepOptions();
+        o.step.fused_attention = base.step.fused_attention;
         o.step.chunk_tokens = base.step.chunk_tokens;
         o.step.loss_chunk_tokens = base.step.loss_chunk_tokens;
         apply_stage(o.step, k);
@@ -957,6 +961,11 @@ static int run(Options o, const Launch& launch) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, dm.device));
     attention_use_reference(o.attention == "reference");
+    const bool fast_attention = attention_uses_hopper({1, o.seq_len, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim});
+    if (o.step.fused_attention && !fast_attention)
+        usage_error("--attention fused needs the fast kernels (head dim 128 on an sm_90 GPU); this run would use "
+                    "attention.cu's");
+    const char* attention_name = !fast_attention ? "reference" : o.step.fused_attention ? "hopper-fused" : "hopper";
     gemm_init(0, nullptr);  // the cuBLASLt handle; workspace attached after allocation
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -1029,7 +1038,6 @@ static int run(Options o, const Launch& launch) {
     if (!o.init_from.empty()) load_hf_checkpoint(m, o.init_from, stream);
     else model_init_weights(m, o.seed, stream);
 
-    const bool fast_attention = attention_uses_hopper({1, o.seq_len, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim});
     FILE* log = nullptr;
     if (lead && !o.log_path.empty()) {
         log = fopen(o.log_path.c_str(), "w");
@@ -1042,7 +1050,7 @@ static int run(Options o, const Launch& launch) {
                 "\"cap_gib\": %.3f}\n",
                 json_escape(cmd).c_str(), prop.name, cfg.name.c_str(), cfg.n_layers, (long long)o.seq_len, o.batch,
                 world, simulated ? "true" : "false", (long long)m.shape.tokens(), (long long)count_params(cfg),
-                fast_attention ? "hopper" : "reference",
+                attention_name,
                 json_memory(arena, host_bytes).c_str(), dm.runtime_bytes / GiB, nccl_gib, dm.cap_bytes / GiB);
         fflush(log);
     }
@@ -1079,8 +1087,9 @@ static int run(Options o, const Launch& launch) {
         if (data.file) printf("training %d steps on %s (%llu tokens)\n", o.steps, o.data_path.c_str(),
                               (unsigned long long)data.file->count);
         else printf("training %d steps on the '%s' task (tokens < %d)\n", o.steps, o.task.c_str(), o.task_vocab);
-        printf("  attention kernels: %s\n",
-               fast_attention ? "attention_hopper.cu (wgmma + TMA)" : "attention.cu (reference)");
+        printf("  attention kernels: %s\n", !fast_attention                ? "attention.cu (reference)"
+                                         : o.step.fused_attention ? "attention_hopper.cu (wgmma + TMA), fused backward"
+                                                                  : "attention_hopper.cu (wgmma + TMA)");
         if (!data.file && o.task == "copy")
             printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
     }

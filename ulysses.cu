@@ -207,6 +207,7 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
     const int64_t kvd = (int64_t)g.kv * g.d;
     AttentionBackwardArgs ba{a.qkv, a.qkv + qd, a.qkv + qd + kvd, nullptr, m.datt_heads, g.W, g.W, g.W, 0, qd,
                              a.lse, m.dqkv_heads, m.dqkv_heads + qd, m.dqkv_heads + qd + kvd, g.W, g.W, g.W, m.delta};
+    ba.dq_accum = m.dq_accum;
     attention_backward(ba, {1, S, g.q, g.kv, g.d}, s);
     // Head-sharded dq, dk, dv -> token-sharded dqkv [T, QKV] (replicated KV heads summed).
     m.comm->all_to_all(m.a2a_recv, m.dqkv_heads, g.T * g.W, DType::BF16, s);
@@ -423,6 +424,7 @@ void untied_backward(Model& m, int l, cudaStream_t s) {
                                  0, w, a.lse + (int64_t)i * p.K * p.S, m.untied_dq, m.untied_dkv,
                                  m.untied_dkv + kvw, w, 2 * kvw, 2 * kvw, m.untied_delta_heads};
         ba.accumulate_dkv = !p.new_kv(i);
+        ba.dq_accum = m.dq_accum;
         attention_backward(ba, chunk_shape(p), s);
         // dq back to token-sharded at once, RoPE undone; with a complete KV group, dk | dv too
         // (replicated heads add up). Then the input gradient, and the weight gradients token chunk

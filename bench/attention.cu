@@ -6,7 +6,8 @@
 //
 // Shapes: Llama 3.2 3B (24 query / 8 KV heads) and Llama 3.1 8B (32 / 8), head dim 128, bf16,
 // causal, one sequence. FLOPs as REFERENCE.md counts them: forward 4 S^2 d H / 2, backward 2.5x
-// (the backward's time includes its delta = rowsum(dO * O) kernel). Times are CUDA-event medians
+// (the backward's time includes its delta = rowsum(dO * O) kernel; the fused backward's also
+// clearing and converting its fp32 dQ workspace). Times are CUDA-event medians
 // of `reps` runs after two warm-up runs, on random N(0, 1) inputs.
 //   check        out, lse, dq, dk, dv of the fast kernels against the reference kernels' (relative
 //                L2 error over the whole tensors, computed on the device); a mismatch fails the run
@@ -146,9 +147,12 @@ int main(int argc, char** argv) {
                                      lse, dqkv, dqkv + qd, dqkv + qd + kd, ld, ld, ld, delta};
             const char* kernels = attention_uses_hopper(sh) ? "hopper" : "reference";
 
-            std::string verdict = "not checked";
-            double err[5] = {0, 0, 0, 0, 0};
-            if (check) {  // the reference kernels into their own buffers, the fast ones into poisoned ones
+            // The fast kernels twice: the deterministic backward, and the fused one (dQ added in
+            // fp32 inside the dK/dV kernel; --attention fused). The reference kernels run once.
+            float* dq_accum = nullptr;
+            const bool fast = std::string(kernels) == "hopper";
+            if (fast) CUDA_CHECK(cudaMalloc(&dq_accum, attention_dq_accum_floats(sh) * 4));
+            if (check) {  // the reference kernels into their own buffers
                 CUDA_CHECK(cudaMalloc(&out_ref, S * qd * 2));
                 CUDA_CHECK(cudaMalloc(&dqkv_ref, S * ld * 2));
                 CUDA_CHECK(cudaMalloc(&lse_ref, S * shp.hq * 4));
@@ -158,26 +162,9 @@ int main(int argc, char** argv) {
                 br.out = out_ref, br.lse = lse_ref, br.dq = dqkv_ref, br.dk = dqkv_ref + qd, br.dv = dqkv_ref + qd + kd;
                 attention_forward_reference(fr, sh, 0);
                 attention_backward_reference(br, sh, 0);
-                CUDA_CHECK(cudaMemset(out, 0xff, S * qd * 2));
-                CUDA_CHECK(cudaMemset(dqkv, 0xff, S * ld * 2));
-                CUDA_CHECK(cudaMemset(lse, 0xff, S * shp.hq * 4));
-                attention_forward(fa, sh, 0);
-                attention_backward(ba, sh, 0);
-                err[0] = rel_error(out, out_ref, S, qd, qd);
-                err[1] = rel_error(lse, lse_ref, 1, S * shp.hq, 0);
-                err[2] = rel_error(dqkv, dqkv_ref, S, qd, ld);
-                err[3] = rel_error(dqkv + qd, dqkv_ref + qd, S, kd, ld);
-                err[4] = rel_error(dqkv + qd + kd, dqkv_ref + qd + kd, S, kd, ld);
-                const bool ok = err[0] < 1e-2 && err[1] < 1e-5 && err[2] < 1e-2 && err[3] < 1e-2 && err[4] < 1e-2;
-                failed += !ok;
-                char buf[160];
-                snprintf(buf, sizeof buf, "out %.1e lse %.1e dq %.1e dk %.1e dv %.1e %s", err[0], err[1], err[2], err[3],
-                         err[4], ok ? "ok" : "MISMATCH");
-                verdict = buf;
             }
-            const Timing t = time_kernels(fa, ba, sh, reps);
             const double flops = attention_forward_flops(sh);
-            auto report = [&](const char* which, Timing tm, const std::string& note) {
+            auto report = [&](const char* which, Timing tm, const std::string& note, const double* err) {
                 const double tff = flops / (tm.fwd_ms * 1e-3) / 1e12, tfb = 2.5 * flops / (tm.bwd_ms * 1e-3) / 1e12;
                 printf("%-10s %-8s %8lld %9.3f %9.1f %9.3f %9.1f  %s\n", which, shp.name, (long long)S, tm.fwd_ms, tff,
                        tm.bwd_ms, tfb, note.c_str());
@@ -185,16 +172,42 @@ int main(int argc, char** argv) {
                     fprintf(jf, "{\"kernels\": \"%s\", \"shape\": \"%s\", \"seq\": %lld, \"fwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
                                 "\"bwd_ms\": %.4f, \"bwd_tflops\": %.2f, \"checked\": %s, \"rel_err\": [%.3e, %.3e, %.3e, %.3e, %.3e], "
                                 "\"gpu\": \"%s\"}\n",
-                            which, shp.name, (long long)S, tm.fwd_ms, tff, tm.bwd_ms, tfb,
-                            check && note != "" ? "true" : "false", err[0], err[1], err[2], err[3], err[4], prop.name);
+                            which, shp.name, (long long)S, tm.fwd_ms, tff, tm.bwd_ms, tfb, err ? "true" : "false",
+                            err ? err[0] : 0, err ? err[1] : 0, err ? err[2] : 0, err ? err[3] : 0, err ? err[4] : 0, prop.name);
                 fflush(stdout);
             };
-            report(kernels, t, verdict);
-            if (time_reference && std::string(kernels) != "reference") {
+            for (int variant = 0; variant < (fast ? 2 : 1); variant++) {
+                AttentionBackwardArgs bv = ba;
+                bv.dq_accum = variant == 1 ? dq_accum : nullptr;
+                std::string verdict = "not checked";
+                double err[5] = {0, 0, 0, 0, 0};
+                if (check) {  // the kernels under test into poisoned buffers
+                    CUDA_CHECK(cudaMemset(out, 0xff, S * qd * 2));
+                    CUDA_CHECK(cudaMemset(dqkv, 0xff, S * ld * 2));
+                    CUDA_CHECK(cudaMemset(lse, 0xff, S * shp.hq * 4));
+                    if (dq_accum && variant == 1) CUDA_CHECK(cudaMemset(dq_accum, 0xff, attention_dq_accum_floats(sh) * 4));
+                    attention_forward(fa, sh, 0);
+                    attention_backward(bv, sh, 0);
+                    err[0] = rel_error(out, out_ref, S, qd, qd);
+                    err[1] = rel_error(lse, lse_ref, 1, S * shp.hq, 0);
+                    err[2] = rel_error(dqkv, dqkv_ref, S, qd, ld);
+                    err[3] = rel_error(dqkv + qd, dqkv_ref + qd, S, kd, ld);
+                    err[4] = rel_error(dqkv + qd + kd, dqkv_ref + qd + kd, S, kd, ld);
+                    const bool ok = err[0] < 1e-2 && err[1] < 1e-5 && err[2] < 1e-2 && err[3] < 1e-2 && err[4] < 1e-2;
+                    failed += !ok;
+                    char buf[160];
+                    snprintf(buf, sizeof buf, "out %.1e lse %.1e dq %.1e dk %.1e dv %.1e %s", err[0], err[1], err[2],
+                             err[3], err[4], ok ? "ok" : "MISMATCH");
+                    verdict = buf;
+                }
+                report(variant == 1 ? "fused" : kernels, time_kernels(fa, bv, sh, reps), verdict, check ? err : nullptr);
+            }
+            if (time_reference && fast) {
                 attention_use_reference(true);
-                report("reference", time_kernels(fa, ba, sh, reps), "");
+                report("reference", time_kernels(fa, ba, sh, reps), "", nullptr);
                 attention_use_reference(false);
             }
+            cudaFree(dq_accum);
             cudaFree(qkv), cudaFree(dqkv), cudaFree(out), cudaFree(dout), cudaFree(lse), cudaFree(delta);
             cudaFree(out_ref), cudaFree(dqkv_ref), cudaFree(lse_ref);
         }

@@ -131,6 +131,23 @@ static int run(bool bench, const std::vector<int64_t>& seqs) {
         failed += !ok;
         printf("B%d S%lld Hq%d Hkv%d: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e  %s\n", c.B,
                (long long)c.S, c.Hq, c.Hkv, eo, el, edq, edk, edv, ok ? "ok" : "MISMATCH");
+        // The fused backward (dQ summed in fp32 by the dK/dV kernel), into poisoned buffers again.
+        float* acc;
+        CUDA_CHECK(cudaMalloc(&acc, attention_dq_accum_floats(sh) * 4));
+        CUDA_CHECK(cudaMemset(acc, 0xff, attention_dq_accum_floats(sh) * 4));
+        CUDA_CHECK(cudaMemset(b.dqkv_b, 0xff, b.T * b.ld * 2));
+        AttentionBackwardArgs fb = bargs(b, c.Hq, c.Hkv, true);
+        fb.dq_accum = acc;
+        attention_backward_hopper(fb, sh, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        gb = download_bf16(b.dqkv_b, b.T * b.ld);
+        CUDA_CHECK(cudaFree(acc));
+        edq = rel(cols(gb, 0, qd), cols(ga, 0, qd)), edk = rel(cols(gb, qd, kd), cols(ga, qd, kd)),
+        edv = rel(cols(gb, qd + kd, kd), cols(ga, qd + kd, kd));
+        const bool fused_ok = edq < 2e-2 && edk < 2e-2 && edv < 2e-2;
+        failed += !fused_ok;
+        printf("   fused backward:                   dq %.1e dk %.1e dv %.1e  %s\n", edq, edk, edv,
+               fused_ok ? "ok" : "MISMATCH");
         release(b);
     }
     if (!bench || failed) return failed;
@@ -146,10 +163,19 @@ static int run(bool bench, const std::vector<int64_t>& seqs) {
             const float bwd = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0); });
             const float dkdv = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, 1); });
             const float dq = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, 2); });
+            float* acc;
+            CUDA_CHECK(cudaMalloc(&acc, attention_dq_accum_floats(sh) * 4));
+            AttentionBackwardArgs fb = bargs(b, Hq, Hkv, true);
+            fb.dq_accum = acc;
+            const float fused = time_ms([&] { attention_backward_hopper(fb, sh, 0); });
+            const float fused_kernel = time_ms([&] { attention_backward_hopper(fb, sh, 0, 1); });
+            CUDA_CHECK(cudaFree(acc));
             printf("%s %6lld  fwd %8.3f ms %6.1f TF/s  bwd %8.3f ms %6.1f TF/s  (dK/dV %.3f ms %.1f TF/s "
                    "of its 4 products, dQ %.3f ms %.1f of its 3)\n",
                    shape ? "8B 32/8" : "3B 24/8", (long long)S, fwd, flops / fwd / 1e9, bwd,
                    2.5 * flops / bwd / 1e9, dkdv, 2.0 * flops / dkdv / 1e9, dq, 1.5 * flops / dq / 1e9);
+            printf("               fused bwd %8.3f ms %6.1f TF/s  (its dK/dV/dQ kernel and clearing %.3f ms)\n", fused,
+                   2.5 * flops / fused / 1e9, fused_kernel);
             fflush(stdout);
             release(b);
         }

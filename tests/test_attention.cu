@@ -2,8 +2,9 @@
 // for both kernel sets: attention.cu's (the reference kernels) and attention_hopper.cu's (the
 // fast ones the model uses on Hopper, head dim 128): GQA, head dims 64 and 128, sequence lengths
 // that are not multiples of the tiles, several sequences per call, q/k/v as column slices of one
-// fused QKV buffer (as the model uses them), poisoned outputs. Then one long sequence whose
-// element offsets pass 2^31, checked on sampled rows and keys in float64.
+// fused QKV buffer (as the model uses them), poisoned outputs. The fast kernels' fused backward
+// (dQ added in fp32 inside the dK/dV kernel, --attention fused) runs the same cases. Then one
+// long sequence whose element offsets pass 2^31, checked on sampled rows and keys in float64.
 #include <algorithm>
 #include <cmath>
 
@@ -16,11 +17,12 @@ struct Case {
     int B;
     int64_t S;
     int Hq, Hkv, d;
-    bool reference;  // attention.cu's kernels; else the dispatch's choice (attention_hopper.cu on Hopper)
+    bool reference;      // attention.cu's kernels; else the dispatch's choice (attention_hopper.cu on Hopper)
+    bool fused = false;  // the fast kernels' fused backward (an fp32 dQ workspace given)
 };
 
 std::string name(const Case& c) {
-    return std::string(c.reference ? "reference" : "fast") + " B" + std::to_string(c.B) + " S" + std::to_string(c.S) +
+    return std::string(c.reference ? "reference" : c.fused ? "fused" : "fast") + " B" + std::to_string(c.B) + " S" + std::to_string(c.S) +
            " Hq" + std::to_string(c.Hq) + " Hkv" + std::to_string(c.Hkv) + " d" + std::to_string(c.d);
 }
 
@@ -88,6 +90,8 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     attention_forward(fa, sh, 0);
     AttentionBackwardArgs ba{qkv, qkv + in.qd, qkv + in.qd + in.kd, out, d_dout, in.ld, in.ld, in.ld, in.qd, in.qd,
                              lse, dqkv, dqkv + in.qd, dqkv + in.qd + in.kd, in.ld, in.ld, in.ld, delta};
+    DeviceBuffer<float> dq_accum(c.fused ? attention_dq_accum_floats(sh) : 0);
+    if (c.fused) ba.dq_accum = dq_accum, poison(dq_accum.ptr, dq_accum.n);  // the kernel must clear it
     attention_backward(ba, sh, 0);
 
     EXPECT_LT(rel_error(download(out.ptr, T * in.qd), out_ref), TOL_BF16);
@@ -117,12 +121,13 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     EXPECT_LT(rel_error(columns(sum, T, in.ld, in.qd + in.kd, in.kd), dv_sum), TOL_BF16);
 }
 
-// Every shape with the reference kernels; those of head dim 128 also with the fast ones.
+// Every shape with the reference kernels; those of head dim 128 also with the fast ones, with
+// and without the fused backward.
 std::vector<Case> both_kernels(std::vector<Case> shapes) {
     std::vector<Case> all;
     for (Case c : shapes) {
         c.reference = true, all.push_back(c);
-        if (c.d == 128) c.reference = false, all.push_back(c);
+        if (c.d == 128) c.reference = false, all.push_back(c), c.fused = true, all.push_back(c);
     }
     return all;
 }
@@ -168,13 +173,14 @@ TEST(AttentionShapes, BadHeadCountsAreUsageErrors) {
 // offsets pass 2^31 elements (a 32-bit index would wrap). Checked in float64 on sampled query
 // rows (output, lse, dq) and sampled keys (dk, dv), using the device's lse and delta = rowsum(dO*O)
 // for the other rows (lse is itself checked on the sampled rows).
-class AttentionLong : public ::testing::TestWithParam<bool> {};
+enum class Kernels { reference, fast, fused };
+class AttentionLong : public ::testing::TestWithParam<Kernels> {};
 
 TEST_P(AttentionLong, SampledRowsAndKeysMatchFloat64) {
     REQUIRE_GPU();
-    const bool reference = GetParam();
+    const bool reference = GetParam() == Kernels::reference, fused = GetParam() == Kernels::fused;
     const uint64_t seed = fresh_seed();
-    SCOPED_TRACE(std::string(reference ? "reference" : "fast") + " seed " + std::to_string(seed));
+    SCOPED_TRACE(std::string(reference ? "reference" : fused ? "fused" : "fast") + " seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     const int64_t S = (1 << 18) + 77, ld = 9216;
     const int Hq = 2, Hkv = 1, d = 128;
@@ -197,6 +203,8 @@ TEST_P(AttentionLong, SampledRowsAndKeysMatchFloat64) {
     attention_forward(fa, sh, 0);
     AttentionBackwardArgs ba{qkv, qkv + qd, qkv + qd + kd, out, dout, ld, ld, ld, qd, qd,
                              lse, dqkv, dqkv + qd, dqkv + qd + kd, ld, ld, ld, delta};
+    DeviceBuffer<float> dq_accum(fused ? attention_dq_accum_floats(sh) : 0);
+    if (fused) ba.dq_accum = dq_accum;
     attention_backward(ba, sh, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -284,7 +292,9 @@ TEST_P(AttentionLong, SampledRowsAndKeysMatchFloat64) {
     EXPECT_LT(rel_error(got_dv, want_dv), TOL_BF16);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, AttentionLong, ::testing::Values(true, false),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "reference" : "fast"; });
+INSTANTIATE_TEST_SUITE_P(Kernels, AttentionLong, ::testing::Values(Kernels::reference, Kernels::fast, Kernels::fused),
+                         [](const ::testing::TestParamInfo<Kernels>& i) {
+                             return i.param == Kernels::reference ? "reference" : i.param == Kernels::fast ? "fast" : "fused";
+                         });
 
 }  // namespace

@@ -76,7 +76,7 @@ TEST(Flags, BadValuesAreUsageErrors) {
     std::vector<std::vector<std::string>> bad = {
         {"--frobnicate"}, {"--steps", "-1"}, {"--steps", "ten"}, {"--task", "sort"}, {"--lr", "abc"},
         {"--lr", "nan"}, {"--seq-len"}, {"--batch", "0"}, {"--layers", "0"}, {"--mem-cap-gib", "-3"},
-        {"--plan=yes"}, {"--task", "copy", "--seq-len", "3"}, {"--task-vocab", "1"}};
+        {"--plan=yes"}, {"--task", "copy", "--seq-len", "3"}, {"--task-vocab", "1"}, {"--attention", "fastest"}};
     for (auto& args : bad) {
         std::string joined;
         for (auto& a : args) joined += a + " ";
@@ -168,7 +168,8 @@ Expected expected_memory(const LlamaConfig& c, const StepOptions& o, double T) {
     const bool keep_att = !o.ckpt, keep_out = !o.ckpt || o.selective, keep_mlp = !o.ckpt && !o.chunked;
     Expected e;
     e.attention = (keep_att ? L : 1) * T * 2 * QKV + (keep_out ? (o.offload ? 2 : L) : 1) * T * (2 * QD + 4 * Hq) +
-                  T * (2 * QKV + 2 * QD + 4 * Hq);  // dqkv, datt, delta
+                  T * (2 * QKV + 2 * QD + 4 * Hq)   // dqkv, datt, delta
+                  + (o.fused_attention ? std::ceil(T / 64) * 64 * 4 * QD : 0);  // fp32 dQ sums
     e.other = (o.offload ? 2 : L + 1) * T * 2 * D       // block inputs (all, or two staging slots)
               + (keep_att ? L * T : C) * 2 * D          // x_mid
               + (keep_mlp ? L : 1) * C * (2 * (2 * D + 3 * F) + 8)  // xn1, xn2, h13, act, rstd
@@ -198,6 +199,11 @@ TEST(MemoryPlan, MatchesFormulasForEveryTechnique) {
     modes.push_back({"chunked", o});
     o.chunk_tokens = 1000, o.loss_chunk_tokens = 3000;
     modes.push_back({"chunked 1000/3000", o});
+    o.fused_attention = true;
+    modes.push_back({"chunked 1000/3000 fused attention", o});
+    o = StepOptions();
+    o.fused_attention = true;
+    modes.push_back({"fused attention", o});
     for (const char* name : {"llama3.2-3b", "llama3.1-8b"})
         for (auto& [mode, opt] : modes) {
             SCOPED_TRACE(std::string(name) + " " + mode);
@@ -252,6 +258,8 @@ TEST(Flags, MemoryTechniques) {
     EXPECT_EQ(fatal_code([] { parse({"--ckpt=some"}); }), EXIT_USAGE);
     EXPECT_EQ(fatal_code([] { parse({"--chunk-tokens", "100"}); }), EXIT_USAGE);  // needs --chunked
     EXPECT_EQ(fatal_code([] { parse({"--timeline", "t.json"}); }), EXIT_USAGE);   // needs --offload
+    EXPECT_TRUE(parse({"--attention", "fused"}).step.fused_attention);
+    EXPECT_FALSE(parse({"--attention", "fast"}).step.fused_attention);
 }
 
 // ---------------------------------------------------------------------------------------------
