@@ -40,6 +40,9 @@
 //     S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K (K MN-major)
 //   S and dP are computed in both kernels (7 products where 5 are counted): the price of no
 //   atomics, and of no fp32 dQ accumulator (4 bytes per element of dQ) beside the bf16 tensors.
+// Fused backward (--attention fused, an fp32 dQ workspace given): the dK/dV kernel also
+//   computes dQ = dS K per step and has the copy engine add it to the workspace (see the kernel);
+//   5 products, faster, dQ summed in any order (not bit-reproducible), 4 bytes per dQ element.
 //
 // Speed on an H200 (build/bench_attention beside bench/attention_vs_torch.py, same session;
 // results/attention_h200.json), causal, 8K-128K tokens, the 3B (24/8 heads) and 8B (32/8) shapes:
@@ -176,22 +179,15 @@ __device__ inline void wgmma_128_rs_mn(float* d, const uint32_t* a, uint64_t db)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-// d (64 x 64, fp32) (+)= A (shared, K-major) * B (shared, K-major).
+// d (64 x 64, fp32) (+)= A (shared) * B (shared); MN = 0: both K-major, MN = 1: both MN-major
+// (A's m and B's n contiguous: the transpose bits).
+template <int MN = 0>
 __device__ inline void wgmma_64_ss(float* d, uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %35;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(scale_d));
-}
-
-// d (64 x 64, fp32) (+)= A (shared, MN-major: m contiguous) * B (shared, MN-major: n contiguous).
-__device__ inline void wgmma_64_ss_mn(float* d, uint64_t da, uint64_t db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(scale_d));
+        : "l"(da), "l"(db), "r"(scale_d), "n"(MN));
 }
 
 // Named barriers (0 is __syncthreads): `count` threads of the consumer warpgroups meet.
@@ -204,12 +200,11 @@ __device__ inline void bulk_reduce_add(float* global, uint32_t shared, uint32_t 
                  "cp.async.bulk.commit_group;\n" ::"l"(global), "r"(shared), "r"(bytes)
                  : "memory");
 }
-// Wait until the bulk groups of this thread have read their sources (READ) or completed.
-template <bool READ>
-__device__ inline void bulk_wait_all() {
-    if (READ) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    else asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
+// Wait until this thread's bulk groups have completed.
+__device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Wait until at most N of this thread's bulk groups have not read their sources yet.
+template <int N>
+__device__ inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
 
 // The k-steps of the two product shapes used more than once, issued (the caller commits):
 // acc (64 x 64) (+)= A B^T over d: A = 64 rows of a [128][128] tile, B = a [R][128] tile, K-major.
@@ -323,11 +318,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     auto k_empty = [&](int s) { return bars + 8 * (1 + 2 * FWD_STAGES + s); };
     auto v_empty = [&](int s) { return bars + 8 * (1 + 3 * FWD_STAGES + s); };
 
-    // Block -> (query tile, head, batch), the longest query tiles (most key tiles) first.
-    const int64_t heads_x_batch = (int64_t)p.n_heads * p.batch;
-    const int64_t q_tile = p.n_q_tiles - 1 - blockIdx.x / heads_x_batch;
-    const int h = (int)(blockIdx.x % heads_x_batch % p.n_heads), b = (int)(blockIdx.x % heads_x_batch / p.n_heads);
-    const int kvh = h / p.group;
+    // Block -> (query tile, head, batch): KV head by KV head (so the blocks running at once read
+    // the same K and V, from L2), and within one the longest query tiles (most key tiles) first.
+    // (Measured on an H200 against head-minor order, all heads of a query tile next to each
+    // other: 630-633 against 622 TFLOP/s at 16K, 580-582 against 563-571 at 64K.)
+    const int64_t per_kv_head = p.n_q_tiles * p.group, outer = blockIdx.x / per_kv_head, inner = blockIdx.x % per_kv_head;
+    const int n_kv_heads = p.n_heads / p.group;
+    const int b = (int)(outer / n_kv_heads), kvh = (int)(outer % n_kv_heads);
+    const int h = kvh * p.group + (int)(inner % p.group);
+    const int64_t q_tile = p.n_q_tiles - 1 - inner / p.group;
     const int64_t q0 = q_tile * 128, n_kv_tiles = q_tile + 1;
 
     if (threadIdx.x == 0) {
@@ -434,21 +433,29 @@ constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per
 
 // ---- dK, dV (and, FUSED_DQ, dQ): one block per 128 keys of one KV head.
 //
-// FUSED_DQ: the block also adds this key tile's part of dQ = dS K into an fp32 accumulator
-// (attention_dq_accum_floats), so S and dP are computed once: 5 products where the deterministic
-// pair of kernels computes 7. Per step each consumer writes its 64 rows of dS^T (bf16) to a
-// shared [128 keys][64 queries] tile (double-buffered), the two consumers meet at a named
-// barrier, and consumer c computes dQ[:, 64c..64c+63] = dS K[:, 64c..] over all 128 keys
-// (m64n64k16, dS read MN-major from that tile, K MN-major). The 64 x 64 fp32 result goes to a
-// shared tile and the copy engine adds it to global memory (cp.reduce.async.bulk .add.f32);
+// FUSED_DQ (--attention fused): the block also adds this key tile's part of dQ = dS K into an
+// fp32 accumulator (attention_dq_accum_floats), so S and dP are computed once: 5 products where
+// the deterministic pair of kernels computes 7. Per step:
+//   1. each consumer writes its 64 rows of dS^T (bf16) to a shared [128 keys][64 queries] tile
+//      (double-buffered) and issues dV += P^T dO;
+//   2. the two consumers meet at a named barrier; consumer c issues dQ[:, 64c..64c+63] =
+//      dS K[:, 64c..] over all 128 keys (m64n64k16, dS read MN-major from that tile, K
+//      MN-major), then dK += dS^T Q;
+//   3. when dQ's part is done (dK still running) it goes to the consumer's shared fp32 tile, and
+//      an mbarrier tells warp 1 of the producer warpgroup, which has the copy engine add it to
+//      global memory (cp.reduce.async.bulk .add.f32) and frees the tile when it has been read.
 // dq_convert_kernel then scales and rounds the sums to bf16. Blocks add in whatever order they
 // run, so dQ is not bit-reproducible from run to run; dK and dV still are.
+// Measured on an H200 (build/bench_attention_hopper --bench, 3B and 8B shapes, 16K and 64K):
+// 490-509 TFLOP/s for the whole backward, against 337-350 for the deterministic kernels. The
+// first version, where each consumer issued the adds itself after dK (two named barriers per
+// step around its shared tile, nothing of its own running meanwhile), reached 434-440.
 constexpr int DQ_ACC_TILE = BQ * 64 * 4;  // bytes of one consumer's 64 x 64 fp32 part of a step's dQ
 constexpr int DST_TILE = 128 * BQ * 2;    // bytes of a [128 keys][64 queries] bf16 tile of dS^T
 template <bool FUSED_DQ>
 constexpr int dkdv_smem() {
     return 1024 + 2 * TILE + BWD_STAGES * (2 * HALF_TILE + 2 * BQ * 4) + (FUSED_DQ ? 2 * DST_TILE + 2 * DQ_ACC_TILE : 0) +
-           8 * (1 + 2 * BWD_STAGES);
+           8 * (1 + 2 * BWD_STAGES + 4);
 }
 static_assert(dkdv_smem<true>() <= 227 * 1024, "the fused dK/dV/dQ kernel's shared memory exceeds the SM's");
 
@@ -469,6 +476,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t kv_full = bars;
     auto full = [&](int s) { return bars + 8 * (1 + s); };
     auto empty = [&](int s) { return bars + 8 * (1 + BWD_STAGES + s); };
+    auto dq_full = [&](int c) { return bars + 8 * (1 + 2 * BWD_STAGES + c); };   // FUSED_DQ: consumer c's part stored
+    auto dq_empty = [&](int c) { return bars + 8 * (3 + 2 * BWD_STAGES + c); };  // FUSED_DQ: ... and read out
     extern __shared__ unsigned char smem_raw[];
     float* stats = (float*)(smem_raw + (sStats - smem_u32(smem_raw)));
 
@@ -482,12 +491,31 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
         mbar_init(kv_full, 1);
         for (int s = 0; s < BWD_STAGES; s++) mbar_init(full(s), 32), mbar_init(empty(s), 256);
+        for (int c = 0; c < 2; c++) mbar_init(dq_full(c), 128), mbar_init(dq_empty(c), 1);
         mbar_init_fence();
     }
     __syncthreads();
 
     if (threadIdx.x < 128) {  // producer: warp 0 (lane 0 the copies, every lane lse and delta)
         setmaxnreg_dec<PRODUCER_REGS>();
+        if (FUSED_DQ && threadIdx.x == 32) {  // warp 1: the copy engine adds each stored dQ part
+            uint32_t parity = 0;
+            for (int i = 0; i < p.group; i++) {
+                const int h = kvh * p.group + i;
+                float* dst = p.dq_accum + (((int64_t)b * p.n_heads + h) * n_qt + first_qt) * (BQ * HD);
+                for (int64_t qt = first_qt; qt < n_qt; qt++, dst += BQ * HD, parity ^= 1) {
+                    mbar_wait(dq_full(0), parity);
+                    bulk_reduce_add(dst, sdQ, DQ_ACC_TILE);
+                    mbar_wait(dq_full(1), parity);
+                    bulk_reduce_add(dst + BQ * 64, sdQ + DQ_ACC_TILE, DQ_ACC_TILE);
+                    bulk_wait_read<1>();
+                    mbar_arrive(dq_empty(0));
+                    bulk_wait_read<0>();
+                    mbar_arrive(dq_empty(1));
+                }
+            }
+            bulk_wait_all();
+        }
         if (threadIdx.x < 32) {
             const int lane = threadIdx.x;
             if (lane == 0) {
@@ -540,7 +568,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(full(s), (uint32_t)((step / BWD_STAGES) & 1));
         const uint32_t q_tile = sQ + s * HALF_TILE, do_tile = sdO + s * HALF_TILE;
         // Whether this consumer's keys are seen by any query of the tile (not: all follow them).
-        const bool active = q0 + BQ - 1 >= k0 + c * 64;
+        // (FUSED_DQ: always, the masks zero P; the compiler then keeps the products in one path.)
+        const bool active = FUSED_DQ || q0 + BQ - 1 >= k0 + c * 64;
         if (!FUSED_DQ && !active) {
             mbar_arrive(empty(s));
             continue;
@@ -597,38 +626,26 @@ __global__ void __launch_bounds__(THREADS, 1)
             fence_regs<64>(dv), fence_regs<64>(dk);
             wgmma_fence();
             product_128_rs<BQ>(dv, pa, do_tile);
-            product_128_rs<BQ>(dk, dsa, q_tile);
+            if (!FUSED_DQ) product_128_rs<BQ>(dk, dsa, q_tile);
             wgmma_commit();
         }
         if (FUSED_DQ) {
-            // dQ[:, 64c..64c+63] = dS K[:, 64c..]: over all 128 keys once both consumers' dS^T is
-            // in the tile; over the first 64 when the second consumer's keys all follow the queries.
+            // dQ[:, 64c..64c+63] = dS K[:, 64c..] between dV and dK, so that its epilogue runs
+            // while dK is computed.
             float dq[32] = {};
             named_barrier(1, 256);
             wgmma_fence();
             const uint32_t k_half = sK + c * (TILE / 2);
-            if (q0 + BQ - 1 >= k0 + 64) {
 #pragma unroll
-                for (int k = 0; k < 8; k++) wgmma_64_ss_mn(dq, mnmajor_desc(dst_tile, k, 128), mnmajor_desc(k_half, k, 128), k > 0);
-            } else {
-#pragma unroll
-                for (int k = 0; k < 4; k++) wgmma_64_ss_mn(dq, mnmajor_desc(dst_tile, k, 128), mnmajor_desc(k_half, k, 128), k > 0);
-            }
+            for (int k = 0; k < 8; k++) wgmma_64_ss<1>(dq, mnmajor_desc(dst_tile, k, 128), mnmajor_desc(k_half, k, 128), k > 0);
             wgmma_commit();
-            wgmma_wait<0>();
+            product_128_rs<BQ>(dk, dsa, q_tile);
+            wgmma_commit();
+            wgmma_wait<1>();
             fence_regs<32>(dq);
-            if (active) fence_regs<64>(dv), fence_regs<64>(dk);
-            mbar_arrive(empty(s));
-
-            // The 64 x 64 part to this consumer's shared fp32 tile (its previous sum read out
-            // first), then one thread has the copy engine add it to the accumulator. Columns
-            // 8j..8j+7 of row r sit at block j ^ (r % 8), so a warp's float2 stores hit 32 banks.
             extern __shared__ unsigned char smem_raw[];
-            const uint32_t acc_tile = sdQ + c * DQ_ACC_TILE;
-            float* acc = (float*)(smem_raw + (acc_tile - smem_u32(smem_raw)));
-            const bool leader = threadIdx.x % 128 == 0;
-            if (leader) bulk_wait_all<true>();
-            named_barrier(2 + c, 128);
+            float* acc = (float*)(smem_raw + (sdQ + c * DQ_ACC_TILE - smem_u32(smem_raw)));
+            if (step > 0) mbar_wait(dq_empty(c), (uint32_t)((step - 1) & 1));
 #pragma unroll
             for (int jj = 0; jj < 8; jj++)
 #pragma unroll
@@ -637,19 +654,16 @@ __global__ void __launch_bounds__(THREADS, 1)
                     *(float2*)(acc + row * 64 + ((jj ^ (row & 7)) << 3) + 2 * ln.t) = make_float2(dq[4 * jj + 2 * r], dq[4 * jj + 2 * r + 1]);
                 }
             fence_proxy_async();
-            named_barrier(2 + c, 128);
-            if (leader) {
-                const int h = kvh * p.group + (int)(step / steps_per_head);
-                float* dst = p.dq_accum + ((((int64_t)b * p.n_heads + h) * n_qt + qt) * 2 + c) * (BQ * 64);
-                bulk_reduce_add(dst, acc_tile, DQ_ACC_TILE);
-            }
+            mbar_arrive(dq_full(c));
+            wgmma_wait<0>();
+            fence_regs<64>(dv), fence_regs<64>(dk);
+            mbar_arrive(empty(s));
         } else {
             wgmma_wait<0>();
             fence_regs<64>(dv), fence_regs<64>(dk);
             mbar_arrive(empty(s));
         }
     }
-    if (FUSED_DQ && threadIdx.x % 128 == 0) bulk_wait_all<false>();
 
     const int64_t tok0 = (int64_t)b * p.seq;
 #pragma unroll

@@ -2,13 +2,13 @@
 // (attention_hopper.cu on Hopper, head dim 128), each shape first checked against attention.cu's
 // reference kernels on the same inputs.
 //
-//   build/bench_attention [--seqs 8K,16K,64K,128K,1M] [--reps N] [--reference] [--no-check] [--json FILE]
+//   build/bench_attention [--seqs 8K,16K,64K,128K,1M] [--reps N] [--warmup N] [--shapes 3B,8B] [--reference] [--no-check] [--json FILE]
 //
 // Shapes: Llama 3.2 3B (24 query / 8 KV heads) and Llama 3.1 8B (32 / 8), head dim 128, bf16,
 // causal, one sequence. FLOPs as REFERENCE.md counts them: forward 4 S^2 d H / 2, backward 2.5x
 // (the backward's time includes its delta = rowsum(dO * O) kernel; the fused backward's also
 // clearing and converting its fp32 dQ workspace). Times are CUDA-event medians
-// of `reps` runs after two warm-up runs, on random N(0, 1) inputs.
+// of `reps` runs after `warmup` (2) warm-up runs, on random N(0, 1) inputs.
 //   check        out, lse, dq, dk, dv of the fast kernels against the reference kernels' (relative
 //                L2 error over the whole tensors, computed on the device); a mismatch fails the run
 //   --reference  also time the reference kernels
@@ -56,7 +56,7 @@ static double rel_error(const T* a, const T* b, int64_t rows, int64_t cols, int6
 struct Timing { float fwd_ms, bwd_ms; };
 
 static Timing time_kernels(const AttentionForwardArgs& fa, const AttentionBackwardArgs& ba, const AttentionShape& sh,
-                           int reps) {
+                           int reps, int warmup) {
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
@@ -70,10 +70,10 @@ static Timing time_kernels(const AttentionForwardArgs& fa, const AttentionBackwa
         return ms;
     };
     std::vector<float> tf, tb;
-    for (int r = 0; r < reps + 2; r++) {  // forward and backward alternate, as in training
+    for (int r = 0; r < reps + warmup; r++) {  // forward and backward alternate, as in training
         const float f = time_one([&] { attention_forward(fa, sh, 0); });
         const float b = time_one([&] { attention_backward(ba, sh, 0); });
-        if (r >= 2) tf.push_back(f), tb.push_back(b);
+        if (r >= warmup) tf.push_back(f), tb.push_back(b);
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     return {median(tf), median(tb)};
@@ -81,7 +81,8 @@ static Timing time_kernels(const AttentionForwardArgs& fa, const AttentionBackwa
 
 int main(int argc, char** argv) {
     std::vector<int64_t> seqs = {8192, 16384, 65536, 131072};
-    int reps = 10;
+    int reps = 10, warmup = 2;
+    std::string shapes = "3B,8B";
     bool time_reference = false, check = true;
     std::string json;
     for (int i = 1; i < argc; i++) {
@@ -98,6 +99,14 @@ int main(int argc, char** argv) {
             }
         } else if (a == "--reps" && i + 1 < argc) {
             reps = std::max(1, atoi(argv[++i]));
+        } else if (a == "--shapes" && i + 1 < argc) {
+            shapes = argv[++i];
+            if (shapes != "3B,8B" && shapes != "3B" && shapes != "8B") {
+                fprintf(stderr, "bench_attention: --shapes takes 3B, 8B or 3B,8B\n");
+                return 2;
+            }
+        } else if (a == "--warmup" && i + 1 < argc) {
+            warmup = std::max(0, atoi(argv[++i]));
         } else if (a == "--json" && i + 1 < argc) {
             json = argv[++i];
         } else if (a == "--reference") {
@@ -105,7 +114,7 @@ int main(int argc, char** argv) {
         } else if (a == "--no-check") {
             check = false;
         } else {
-            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--reference] [--no-check] [--json FILE]\n");
+            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B] [--reference] [--no-check] [--json FILE]\n");
             return 2;
         }
     }
@@ -124,6 +133,7 @@ int main(int argc, char** argv) {
     struct Shape { const char* name; int hq, hkv; };
     for (Shape shp : {Shape{"3B 24/8", 24, 8}, Shape{"8B 32/8", 32, 8}})
         for (int64_t S : seqs) {
+            if (shapes.find(std::string(shp.name).substr(0, 2)) == std::string::npos) continue;
             const int d = 128;
             const int64_t qd = (int64_t)shp.hq * d, kd = (int64_t)shp.hkv * d, ld = qd + 2 * kd;
             bf16 *qkv, *out, *dout, *dqkv, *out_ref = nullptr, *dqkv_ref = nullptr;
@@ -200,11 +210,11 @@ int main(int argc, char** argv) {
                              err[3], err[4], ok ? "ok" : "MISMATCH");
                     verdict = buf;
                 }
-                report(variant == 1 ? "fused" : kernels, time_kernels(fa, bv, sh, reps), verdict, check ? err : nullptr);
+                report(variant == 1 ? "fused" : kernels, time_kernels(fa, bv, sh, reps, warmup), verdict, check ? err : nullptr);
             }
             if (time_reference && fast) {
                 attention_use_reference(true);
-                report("reference", time_kernels(fa, ba, sh, reps), "", nullptr);
+                report("reference", time_kernels(fa, ba, sh, reps, warmup), "", nullptr);
                 attention_use_reference(false);
             }
             cudaFree(dq_accum);
