@@ -46,10 +46,11 @@
 //
 // Speed on an H200 (build/bench_attention beside bench/attention_vs_torch.py, same session;
 // results/attention_h200.json), causal, 8K-128K tokens, the 3B (24/8 heads) and 8B (32/8) shapes:
-//   forward  557-584 TFLOP/s   PyTorch flash 278-343, cuDNN 520-646, attention.cu 216-232
-//   backward 332-344 TFLOP/s   PyTorch flash 251-326, cuDNN 456-539, attention.cu 119-144
-// The backward's two kernels run their own products at 476-502 TFLOP/s; the gap to cuDNN is
-// mostly the two recomputed products.
+//   forward         564-589 TFLOP/s   PyTorch flash 288-342, cuDNN 556-656, attention.cu 216-232
+//   backward        335-344 TFLOP/s   PyTorch flash 249-325, cuDNN 441-549, attention.cu 119-144
+//   fused backward  460-495 TFLOP/s
+// The deterministic backward's two kernels run their own products at 467-512 TFLOP/s; the gap
+// to the fused one is the two recomputed products.
 //
 // Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
