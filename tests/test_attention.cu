@@ -172,7 +172,19 @@ TEST(AttentionShapes, BadHeadCountsAreUsageErrors) {
 // A long sequence: 2^18 + 77 tokens in a fused buffer with a row stride of 9216 elements, so row
 // offsets pass 2^31 elements (a 32-bit index would wrap). Checked in float64 on sampled query
 // rows (output, lse, dq) and sampled keys (dk, dv), using the device's lse and delta = rowsum(dO*O)
-// for the other rows (lse is itself checked on the sampled rows).
+// for the other rows (lse is itself checked on the sampled rows). TEST_ATTENTION_LONG_TOKENS=N
+// runs it at N tokens instead (e.g. 1048653: 1M and a ragged tail; about 40 GB of GPU memory).
+int64_t long_tokens() {
+    const char* env = getenv("TEST_ATTENTION_LONG_TOKENS");
+    if (!env) return (1 << 18) + 77;
+    const int64_t n = atoll(env);
+    if (n < (1 << 18) || n >= ((int64_t)1 << 31)) {
+        ADD_FAILURE() << "TEST_ATTENTION_LONG_TOKENS must be in [2^18, 2^31), got '" << env << "'";
+        return (1 << 18) + 77;
+    }
+    return n;
+}
+
 enum class Kernels { reference, fast, fused };
 class AttentionLong : public ::testing::TestWithParam<Kernels> {};
 
@@ -182,7 +194,7 @@ TEST_P(AttentionLong, SampledRowsAndKeysMatchFloat64) {
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE(std::string(reference ? "reference" : fused ? "fused" : "fast") + " seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
-    const int64_t S = (1 << 18) + 77, ld = 9216;
+    const int64_t S = long_tokens(), ld = 9216;
     const int Hq = 2, Hkv = 1, d = 128;
     const int64_t qd = Hq * d, kd = Hkv * d, w = qd + 2 * kd;  // q | k | v columns used
     ASSERT_GT(S * ld, (int64_t)1 << 31);
