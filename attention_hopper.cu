@@ -21,8 +21,8 @@
 //    (V in O += P V; dO, Q in dV, dK; K in dQ) reads the same tile through an MN-major
 //    descriptor (wgmma's transpose bit), so every tile is loaded once in one layout.
 //  * Causal tiles on and below the diagonal only, mask arithmetic on diagonal tiles only, and
-//    longest-first block order (blocks with the most key tiles start first, so the last wave
-//    is short ones).
+//    longest-first block order (blocks with the most tiles to walk start first, so the last
+//    wave is short ones; in the forward within each KV head, whose blocks run together).
 //
 // Forward, one block per 128 query rows of one head (consumer c owns rows 64c..64c+63):
 //   S = Q K^T       wgmma m64n128k16, A = Q (shared), B = K tile (shared, K-major), 8 k-steps
@@ -938,6 +938,8 @@ void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShap
 void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s, int parts) {
     if (a.out != nullptr || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
         usage_error("attention_backward_hopper: needs delta given, head dim 128, sm_90, 16-byte aligned inputs");
+    if (a.dq_accum && !(hopper::aligned16(a.dq_accum) && hopper::aligned16(a.dq) && a.lddq % 8 == 0))
+        usage_error("attention_backward_hopper: the fused backward needs 16-byte aligned dq and dq_accum, lddq % 8 == 0");
     if (sh.seq == 0 || sh.batch == 0) return;
     using namespace hopper;
     BwdParams p{};
@@ -999,6 +1001,10 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh
     if (use_reference || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
         return attention_backward_reference(a, sh, s);
     AttentionBackwardArgs given = a;
+    // The fused backward also stores dq 16 bytes at a time and bulk-adds into dq_accum: for
+    // other alignments (never the model's buffers) the deterministic kernels run instead.
+    if (a.dq_accum && !(hopper::aligned16(a.dq_accum) && hopper::aligned16(a.dq) && a.lddq % 8 == 0))
+        given.dq_accum = nullptr;
     if (a.out) {  // delta = rowsum(dout * out) first (Ulysses computes it on the token side)
         attention_delta(a, sh, s);
         given.out = nullptr;

@@ -227,6 +227,7 @@ void attention_delta(const AttentionBackwardArgs& a, const AttentionShape& sh, c
 void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
 void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s,
                                int parts = 3);  // bit 0: the dK/dV kernel, bit 1: the dQ kernel
+                                                // (with dq_accum: the fused kernel, the conversion)
 
 // ---------------------------------------------------------------------------------------------
 // The model on one GPU (llama.cu).
