@@ -646,6 +646,9 @@ __global__ void __launch_bounds__(THREADS, 1)
             fence_regs<32>(dq);
             extern __shared__ unsigned char smem_raw[];
             float* acc = (float*)(smem_raw + (sdQ + c * DQ_ACC_TILE - smem_u32(smem_raw)));
+            // The part to this consumer's shared fp32 tile once its previous part has been read
+            // out, and producer warp 1 told. Columns 8j..8j+7 of row r sit at block j ^ (r % 8),
+            // so a warp's float2 stores hit all 32 banks (dq_convert_kernel undoes the swizzle).
             if (step > 0) mbar_wait(dq_empty(c), (uint32_t)((step - 1) & 1));
 #pragma unroll
             for (int jj = 0; jj < 8; jj++)
