@@ -571,7 +571,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         // Whether this consumer's keys are seen by any query of the tile (not: all follow them).
         // (FUSED_DQ: always, the masks zero P; the compiler then keeps the products in one path.)
         const bool active = FUSED_DQ || q0 + BQ - 1 >= k0 + c * 64;
-        if (!FUSED_DQ && !active) {
+        if (!active) {
             mbar_arrive(empty(s));
             continue;
         }
@@ -611,7 +611,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int kc = 0; kc < 4; kc++) to_a(pa + 4 * kc, st, kc), to_a(dsa + 4 * kc, dpt, kc);
 
             if (FUSED_DQ) {  // this consumer's rows of dS^T into the shared tile (128-byte swizzle)
-                extern __shared__ unsigned char smem_raw[];
                 unsigned char* tile = smem_raw + (dst_tile - smem_u32(smem_raw));
 #pragma unroll
                 for (int kc = 0; kc < 4; kc++)
@@ -644,7 +643,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_commit();
             wgmma_wait<1>();
             fence_regs<32>(dq);
-            extern __shared__ unsigned char smem_raw[];
             float* acc = (float*)(smem_raw + (sdQ + c * DQ_ACC_TILE - smem_u32(smem_raw)));
             // The part to this consumer's shared fp32 tile once its previous part has been read
             // out, and producer warp 1 told. Columns 8j..8j+7 of row r sit at block j ^ (r % 8),
@@ -659,14 +657,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                 }
             fence_proxy_async();
             mbar_arrive(dq_full(c));
-            wgmma_wait<0>();
-            fence_regs<64>(dv), fence_regs<64>(dk);
-            mbar_arrive(empty(s));
-        } else {
-            wgmma_wait<0>();
-            fence_regs<64>(dv), fence_regs<64>(dk);
-            mbar_arrive(empty(s));
         }
+        wgmma_wait<0>();
+        fence_regs<64>(dv), fence_regs<64>(dk);
+        mbar_arrive(empty(s));
     }
 
     const int64_t tok0 = (int64_t)b * p.seq;
@@ -874,6 +868,11 @@ CUtensorMap tensor_map(const bf16* base, int heads, int64_t ld, int64_t seq, int
 
 bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 
+// The fused backward also bulk-adds into dq_accum and stores dq 16 bytes at a time.
+bool fused_dq_aligned(const AttentionBackwardArgs& a) {
+    return aligned16(a.dq_accum) && aligned16(a.dq) && a.lddq % 8 == 0;
+}
+
 // Launch a kernel with `smem` bytes of dynamic shared memory (the limit raised once per kernel).
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, int64_t blocks, int smem, cudaStream_t s, const Args&... args) {
@@ -941,7 +940,7 @@ void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShap
 void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s, int parts) {
     if (a.out != nullptr || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
         usage_error("attention_backward_hopper: needs delta given, head dim 128, sm_90, 16-byte aligned inputs");
-    if (a.dq_accum && !(hopper::aligned16(a.dq_accum) && hopper::aligned16(a.dq) && a.lddq % 8 == 0))
+    if (a.dq_accum && !hopper::fused_dq_aligned(a))
         usage_error("attention_backward_hopper: the fused backward needs 16-byte aligned dq and dq_accum, lddq % 8 == 0");
     if (sh.seq == 0 || sh.batch == 0) return;
     using namespace hopper;
@@ -1004,10 +1003,9 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh
     if (use_reference || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
         return attention_backward_reference(a, sh, s);
     AttentionBackwardArgs given = a;
-    // The fused backward also stores dq 16 bytes at a time and bulk-adds into dq_accum: for
-    // other alignments (never the model's buffers) the deterministic kernels run instead.
-    if (a.dq_accum && !(hopper::aligned16(a.dq_accum) && hopper::aligned16(a.dq) && a.lddq % 8 == 0))
-        given.dq_accum = nullptr;
+    // For a fused backward the alignments of dq and dq_accum do not allow (never the model's
+    // buffers), the deterministic kernels run instead.
+    if (a.dq_accum && !hopper::fused_dq_aligned(a)) given.dq_accum = nullptr;
     if (a.out) {  // delta = rowsum(dout * out) first (Ulysses computes it on the token side)
         attention_delta(a, sh, s);
         given.out = nullptr;
