@@ -15,8 +15,9 @@
 //  * Warp specialization: warpgroup 0 is the producer (one thread issues the copies, gives
 //    most of its registers to the others with setmaxnreg); warpgroups 1 and 2 compute, each on
 //    its 64 rows. Stages of a shared-memory ring are handed over with mbarriers: "full" when
-//    the copy engine has written them, "empty" when both consumers are done with them. While
-//    one consumer does its softmax the other one's products keep the tensor cores busy.
+//    the copy engine has written them, "empty" when both consumers are done with them. In the
+//    forward the two consumers take turns issuing products, so that one's softmax runs while
+//    the other's products do (FlashAttention-3's "ping-pong").
 //  * Transposes are free: a product that needs an operand with the other dimension contiguous
 //    (V in O += P V; dO, Q in dV, dK; K in dQ) reads the same tile through an MN-major
 //    descriptor (wgmma's transpose bit), so every tile is loaded once in one layout.
@@ -29,6 +30,8 @@
 //   P = exp(S - m)  online softmax in registers (the accumulator layout of S is the register
 //                   A-operand layout of the next product, so P never leaves registers)
 //   O += P V        wgmma m64n128k16, A = P (registers), B = V tile (shared, MN-major)
+//   per key tile j a consumer issues S_j and O += P_{j-1} V_{j-1} together, in turn with the
+//   other consumer, and computes the softmax of S_j while they run.
 //
 // Backward (delta = rowsum(dO * O) given), deterministic and without atomics as attention.cu:
 //   dK/dV kernel, one block per 128 keys of one KV head (consumer c: keys 64c..), walking every
@@ -44,11 +47,12 @@
 //   computes dQ = dS K per step and has the copy engine add it to the workspace (see the kernel);
 //   5 products, faster, dQ summed in any order (not bit-reproducible), 4 bytes per dQ element.
 //
-// Speed on an H200 (build/bench_attention beside bench/attention_vs_torch.py, same session;
-// results/attention_h200.json), causal, 8K-128K tokens, the 3B (24/8 heads) and 8B (32/8) shapes:
-//   forward         564-589 TFLOP/s   PyTorch flash 288-342, cuDNN 556-656, attention.cu 216-232
-//   backward        335-344 TFLOP/s   PyTorch flash 249-325, cuDNN 441-549, attention.cu 119-144
-//   fused backward  460-495 TFLOP/s
+// Speed on an H200 (build/bench_attention beside bench/attention_vs_torch.py, same session, both
+// alternating forward and backward; results/attention_h200.json), causal, 8K-128K tokens, the
+// 3B (24/8 heads) and 8B (32/8) shapes:
+//   forward         586-627 TFLOP/s   PyTorch flash 291-349, cuDNN 556-611, attention.cu 216-232
+//   backward        332-343 TFLOP/s   PyTorch flash 254-324, cuDNN 467-529, attention.cu 119-144
+//   fused backward  452-492 TFLOP/s
 // The deterministic backward's two kernels run their own products at 467-512 TFLOP/s; the gap
 // to the fused one is the two recomputed products.
 //
@@ -193,6 +197,8 @@ __device__ inline void wgmma_64_ss(float* d, uint64_t da, uint64_t db, int scale
 
 // Named barriers (0 is __syncthreads): `count` threads of the consumer warpgroups meet.
 __device__ inline void named_barrier(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+// Arrive at a named barrier without waiting for it (the threads that sync on it wait).
+__device__ inline void named_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 // Shared-memory writes of this thread become visible to the async proxy (wgmma, bulk copies).
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // global[0..bytes) += shared[0..bytes), fp32, by the copy engine (one bulk group per call).
@@ -260,10 +266,10 @@ constexpr int FWD_STAGES = 2;
 constexpr int FWD_SMEM = 1024 + TILE * (1 + 2 * FWD_STAGES) + 8 * (1 + 4 * FWD_STAGES);
 
 // Online softmax of one 64 x 128 tile of scores (log2 units after scaling): masks keys after
-// the row on the diagonal tile, updates the running max and sum, writes P as the register A
-// operand of O += P V, and returns in `correction` the factor O must be rescaled by.
-__device__ inline void online_softmax(float* sc, uint32_t* pa, float* row_max, float* row_sum, float* correction,
-                                      bool diagonal, int c, const Lane& ln, float scale_log2) {
+// the row on the diagonal tile, updates the running max and sum, leaves P in `sc` and returns in
+// `correction` the factor O must be rescaled by.
+__device__ inline void online_softmax(float* sc, float* row_max, float* row_sum, float* correction, bool diagonal,
+                                      int c, const Lane& ln, float scale_log2) {
     if (diagonal) {
 #pragma unroll
         for (int jj = 0; jj < 16; jj++)
@@ -293,6 +299,9 @@ __device__ inline void online_softmax(float* sc, uint32_t* pa, float* row_max, f
             sc[4 * jj + e] = pr;
             row_sum[e / 2] += pr;
         }
+}
+// P (64 x 128, fp32 accumulator layout) -> the register A operand of O += P V.
+__device__ inline void pack_p(uint32_t* pa, const float* sc) {
 #pragma unroll
     for (int kc = 0; kc < 8; kc++) to_a(pa + 4 * kc, sc, kc);
 }
@@ -303,10 +312,17 @@ __device__ inline void rescale(float* o, const float* correction) {
         for (int e = 0; e < 4; e++) o[4 * jj + e] *= correction[e / 2];
 }
 
-// Each product waits for the one before it; the other consumer warpgroup fills the gaps. (Tried
-// and measured on an H200: FlashAttention-3's intra-warpgroup overlap, S_{j+1} = Q K_{j+1}^T
-// issued before the softmax of tile j with a second set of P registers, ran at 625 / 552
-// TFLOP/s at 16K / 64K against this loop's 623 / 569, so it is not kept.)
+// The consumers take turns at the tensor cores (FlashAttention-3's "ping-pong"): at step j a
+// consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, then lets the other consumer
+// issue its pair (named barriers 2 and 3), so that one consumer's softmax runs while the other's
+// products do. Within a consumer, the softmax of S_j runs while O += P_{j-1} V_{j-1} does; P_j
+// is packed into the registers P_{j-1} used once that product is done, so no second set of P
+// registers is needed.
+// Measured on an H200 (build/bench_attention_hopper --bench, 3B / 8B): 651 / 653 TFLOP/s at 16K
+// and 601 / 590 at 64K, against 611-619 / 618-621 and 561-565 / 561-562 for the loop before it
+// (each product waited for, the other consumer left to fill the gaps). Also tried before that:
+// S_{j+1} issued before the softmax of tile j with a second set of P registers, without the
+// turns: 625 / 552 at 16K / 64K against that loop's 623 / 569.
 __global__ void __launch_bounds__(THREADS, 1)
     forward_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const FwdParams p) {
@@ -369,34 +385,63 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = 0; i < 64; i++) o[i] = 0.f;
     mbar_wait(q_full, 0);
 
-    for (int64_t j = 0; j < n_kv_tiles; j++) {
-        const int s = (int)(j % FWD_STAGES);
-        const uint32_t phase = (uint32_t)((j / FWD_STAGES) & 1);
-
-        // S = Q K_j^T: 64 rows x 128 keys.
-        mbar_wait(k_full(s), phase);
+    // S = Q K^T of stage s (64 rows x 128 keys), issued and committed.
+    auto issue_s = [&](int s) {
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < HD / 16; k++)
-            wgmma_128_ss(sc, kmajor_desc(q_rows, k, 128), kmajor_desc(sK + s * TILE, k, 128), k > 0);
+        for (int k = 0; k < HD / 16; k++) wgmma_128_ss(sc, kmajor_desc(q_rows, k, 128), kmajor_desc(sK + s * TILE, k, 128), k > 0);
         wgmma_commit();
-        wgmma_wait<0>();
+    };
+    // Turns: consumer c waits at barrier 2 + c until the other one has issued its products and
+    // arrived there. Each barrier sees as many arrivals as syncs: consumer 1 arrives once ahead
+    // (consumer 0 goes first) and not after its last step.
+    auto my_turn = [&]() { named_barrier(2 + c, 256); };
+    auto your_turn = [&](int64_t j) {
+        if (c == 0 || j + 1 < n_kv_tiles) named_arrive(3 - c, 256);
+    };
+    if (c == 1) named_arrive(2, 256);
+
+    // Tile 0: S_0 alone.
+    mbar_wait(k_full(0), 0);
+    my_turn();
+    issue_s(0);
+    your_turn(0);
+    wgmma_wait<0>();
+    fence_regs<64>(sc);
+    mbar_arrive(k_empty(0));
+    online_softmax(sc, row_max, row_sum, correction, n_kv_tiles == 1, c, ln, p.scale_log2);
+    pack_p(pa, sc);
+
+    for (int64_t j = 1; j < n_kv_tiles; j++) {
+        const int s = (int)(j % FWD_STAGES), sp = (int)((j - 1) % FWD_STAGES);  // stages of tiles j, j - 1
+        mbar_wait(k_full(s), (uint32_t)((j / FWD_STAGES) & 1));
+        mbar_wait(v_full(sp), (uint32_t)(((j - 1) / FWD_STAGES) & 1));
+        my_turn();
+        issue_s(s);
+        product_128_rs<128>(o, pa, sV + sp * TILE);  // O += P_{j-1} V_{j-1}: V read MN-major
+        wgmma_commit();
+        your_turn(j);
+        wgmma_wait<1>();  // S_j done
         fence_regs<64>(sc);
         mbar_arrive(k_empty(s));
-
-        online_softmax(sc, pa, row_max, row_sum, correction, j == n_kv_tiles - 1, c, ln, p.scale_log2);
+        online_softmax(sc, row_max, row_sum, correction, j == n_kv_tiles - 1, c, ln, p.scale_log2);
+        wgmma_wait<0>();  // O += P_{j-1} V_{j-1} done: O can be rescaled, P_j packed
+        fence_regs<64>(o);
+        mbar_arrive(v_empty(sp));
         rescale(o, correction);
-
-        // O += P V_j: V read MN-major (keys are the k of this product, d its n).
-        mbar_wait(v_full(s), phase);
-        fence_regs<64>(o);
-        wgmma_fence();
-        product_128_rs<128>(o, pa, sV + s * TILE);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs<64>(o);
-        mbar_arrive(v_empty(s));
+        pack_p(pa, sc);
     }
+
+    // The last tile's O += P V.
+    const int s_last = (int)((n_kv_tiles - 1) % FWD_STAGES);
+    mbar_wait(v_full(s_last), (uint32_t)(((n_kv_tiles - 1) / FWD_STAGES) & 1));
+    fence_regs<64>(o);
+    wgmma_fence();
+    product_128_rs<128>(o, pa, sV + s_last * TILE);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs<64>(o);
+    mbar_arrive(v_empty(s_last));
 
     const int64_t tok0 = (int64_t)b * p.seq;
 #pragma unroll

@@ -2,17 +2,20 @@
 // (attention_hopper.cu on Hopper, head dim 128), each shape first checked against attention.cu's
 // reference kernels on the same inputs.
 //
-//   build/bench_attention [--seqs 8K,16K,64K,128K,1M] [--reps N] [--warmup N] [--shapes 3B,8B] [--reference] [--no-check] [--json FILE]
+//   build/bench_attention [--seqs 8K,16K,64K,128K,1M] [--reps N] [--warmup N] [--shapes 3B,8B] [--reference] [--no-check]
+//                         [--separate] [--json FILE]
 //
 // Shapes: Llama 3.2 3B (24 query / 8 KV heads) and Llama 3.1 8B (32 / 8), head dim 128, bf16,
 // causal, one sequence. FLOPs as REFERENCE.md counts them: forward 4 S^2 d H / 2, backward 2.5x
 // (the backward's time includes its delta = rowsum(dO * O) kernel; the fused backward's also
 // clearing and converting its fp32 dQ workspace). Times are CUDA-event medians
-// of `reps` runs after `warmup` (2) warm-up runs, on random N(0, 1) inputs.
+// of `reps` runs after `warmup` (2) warm-up runs, on random N(0, 1) inputs, forward and backward
+// alternating as in training (bench/attention_vs_torch.py times PyTorch the same way).
 //   check        out, lse, dq, dk, dv of the fast kernels against the reference kernels' (relative
 //                L2 error over the whole tensors, computed on the device); a mismatch fails the run
 //   --reference  also time the reference kernels
 //   --no-check   skip the check (the reference backward takes minutes at 1M tokens)
+//   --separate   time all the forwards, then all the backwards (each after its own warm-up)
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -56,7 +59,7 @@ static double rel_error(const T* a, const T* b, int64_t rows, int64_t cols, int6
 struct Timing { float fwd_ms, bwd_ms; };
 
 static Timing time_kernels(const AttentionForwardArgs& fa, const AttentionBackwardArgs& ba, const AttentionShape& sh,
-                           int reps, int warmup) {
+                           int reps, int warmup, bool separate) {
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
@@ -70,10 +73,17 @@ static Timing time_kernels(const AttentionForwardArgs& fa, const AttentionBackwa
         return ms;
     };
     std::vector<float> tf, tb;
+    auto forward = [&] { attention_forward(fa, sh, 0); };
+    auto backward = [&] { attention_backward(ba, sh, 0); };
     for (int r = 0; r < reps + warmup; r++) {  // forward and backward alternate, as in training
-        const float f = time_one([&] { attention_forward(fa, sh, 0); });
-        const float b = time_one([&] { attention_backward(ba, sh, 0); });
+        const float f = separate ? 0.f : time_one(forward), b = separate ? 0.f : time_one(backward);
         if (r >= warmup) tf.push_back(f), tb.push_back(b);
+    }
+    if (separate) {
+        for (int r = 0; r < reps + warmup; r++)
+            if (float f = time_one(forward); r >= warmup) tf[r - warmup] = f;
+        for (int r = 0; r < reps + warmup; r++)
+            if (float b = time_one(backward); r >= warmup) tb[r - warmup] = b;
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     return {median(tf), median(tb)};
@@ -83,7 +93,7 @@ int main(int argc, char** argv) {
     std::vector<int64_t> seqs = {8192, 16384, 65536, 131072};
     int reps = 10, warmup = 2;
     std::string shapes = "3B,8B";
-    bool time_reference = false, check = true;
+    bool time_reference = false, check = true, separate = false;
     std::string json;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -113,8 +123,10 @@ int main(int argc, char** argv) {
             time_reference = true;
         } else if (a == "--no-check") {
             check = false;
+        } else if (a == "--separate") {
+            separate = true;
         } else {
-            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B] [--reference] [--no-check] [--json FILE]\n");
+            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B] [--reference] [--no-check] [--separate] [--json FILE]\n");
             return 2;
         }
     }
@@ -180,9 +192,10 @@ int main(int argc, char** argv) {
                        tm.bwd_ms, tfb, note.c_str());
                 if (jf)
                     fprintf(jf, "{\"kernels\": \"%s\", \"shape\": \"%s\", \"seq\": %lld, \"fwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
-                                "\"bwd_ms\": %.4f, \"bwd_tflops\": %.2f, \"checked\": %s, \"rel_err\": [%.3e, %.3e, %.3e, %.3e, %.3e], "
+                                "\"bwd_ms\": %.4f, \"bwd_tflops\": %.2f, \"timing\": \"%s\", \"checked\": %s, "
+                                "\"rel_err\": [%.3e, %.3e, %.3e, %.3e, %.3e], "
                                 "\"gpu\": \"%s\"}\n",
-                            which, shp.name, (long long)S, tm.fwd_ms, tff, tm.bwd_ms, tfb, err ? "true" : "false",
+                            which, shp.name, (long long)S, tm.fwd_ms, tff, tm.bwd_ms, tfb, separate ? "separate" : "alternating", err ? "true" : "false",
                             err ? err[0] : 0, err ? err[1] : 0, err ? err[2] : 0, err ? err[3] : 0, err ? err[4] : 0, prop.name);
                 fflush(stdout);
             };
@@ -210,11 +223,11 @@ int main(int argc, char** argv) {
                              err[3], err[4], ok ? "ok" : "MISMATCH");
                     verdict = buf;
                 }
-                report(variant == 1 ? "fused" : kernels, time_kernels(fa, bv, sh, reps, warmup), verdict, check ? err : nullptr);
+                report(variant == 1 ? "fused" : kernels, time_kernels(fa, bv, sh, reps, warmup, separate), verdict, check ? err : nullptr);
             }
             if (time_reference && fast) {
                 attention_use_reference(true);
-                report("reference", time_kernels(fa, ba, sh, reps, warmup), "", nullptr);
+                report("reference", time_kernels(fa, ba, sh, reps, warmup, separate), "", nullptr);
                 attention_use_reference(false);
             }
             cudaFree(dq_accum);

@@ -1,8 +1,9 @@
 """PyTorch SDPA (flash and cuDNN backends) on the shapes of bench/attention.cu, same GPU, same
 FLOP convention: forward 4*S*S*d*H/2 (causal), backward 2.5x forward. Median of CUDA-event
-timings after warm-up.
+timings after warm-up; forward and backward alternate, as in bench/attention.cu (and training),
+so both benches time each kernel at the clocks it gets right after the other one.
 
-    python3 bench/attention_vs_torch.py [--seqs 8192,16384,65536,131072] [--reps 10] [--json FILE]
+    python3 bench/attention_vs_torch.py [--seqs 8192,16384,65536,131072] [--reps 10] [--separate] [--json FILE]
 """
 import argparse
 import json
@@ -19,18 +20,26 @@ def tokens(text):
     return int(text[:-1] if mult > 1 else text) * mult
 
 
-def time_ms(fn, reps):
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+def time_one(fn):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b)
+
+
+def time_pair(fwd, bwd, reps, separate, warmup=2):
+    """Median ms of fwd and of bwd, called alternately after `warmup` pairs (separate: all the
+    forwards, then all the backwards, each after `warmup` calls of its own)."""
+    if separate:
+        return tuple(statistics.median([time_one(fn) for _ in range(warmup + reps)][warmup:]) for fn in (fwd, bwd))
+    tf, tb = [], []
+    for r in range(warmup + reps):
+        f, b = time_one(fwd), time_one(bwd)
+        if r >= warmup:
+            tf.append(f), tb.append(b)
+    return statistics.median(tf), statistics.median(tb)
 
 
 def main():
@@ -38,6 +47,7 @@ def main():
     ap.add_argument("--seqs", default="8192,16384,65536,131072")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", default="")
+    ap.add_argument("--separate", action="store_true", help="time the forwards, then the backwards (not alternating)")
     args = ap.parse_args()
     rows = []
     print(f"PyTorch {torch.__version__} SDPA on {torch.cuda.get_device_name()}, bf16, causal, head dim 128")
@@ -58,12 +68,13 @@ def main():
                         kw = {} if backend_name == "flash" else {"enable_gqa": True}
                         out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kw)
                         g = torch.randn_like(out)
-                        fwd = time_ms(lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kw), args.reps)
-                        bwd = time_ms(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), args.reps)
+                        fwd, bwd = time_pair(lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kw),
+                                             lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), args.reps,
+                                             args.separate)
                 except Exception as e:  # a backend that refuses the shape
                     print(f"{backend_name:8} {name:10} {S:8}  unavailable: {str(e).splitlines()[0][:60]}")
                     continue
-                r = dict(backend=backend_name, shape=name, seq=S, fwd_ms=fwd, fwd_tflops=flops / fwd / 1e9,
+                r = dict(backend=backend_name, shape=name, seq=S, timing="separate" if args.separate else "alternating", fwd_ms=fwd, fwd_tflops=flops / fwd / 1e9,
                          bwd_ms=bwd, bwd_tflops=2.5 * flops / bwd / 1e9, gpu=torch.cuda.get_device_name())
                 rows.append(r)
                 print(f"{backend_name:8} {name:10} {S:8} {fwd:9.3f} {r['fwd_tflops']:9.1f} {bwd:9.3f} {r['bwd_tflops']:9.1f}")
