@@ -39,7 +39,8 @@
 //     S^T = K Q^T, dP^T = V dO^T           (m64n64k16, both operands shared)
 //     P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)
 //     dV += P^T dO, dK += dS^T Q           (m64n128k16, A = registers, B = MN-major shared)
-//   dQ kernel, one block per 128 query rows of one head, walking 64-key tiles:
+//   dQ kernel, one block per 128 query rows of one head, walking 64-key tiles, its consumers
+//   taking turns as the forward's do:
 //     S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K (K MN-major)
 //   S and dP are computed in both kernels (7 products where 5 are counted): the price of no
 //   atomics, and of no fp32 dQ accumulator (4 bytes per element of dQ) beside the bf16 tensors.
@@ -507,7 +508,12 @@ static_assert(dkdv_smem<true>() <= 227 * 1024, "the fused dK/dV/dQ kernel's shar
 
 // (Tried on an H200: issuing the next step's S^T and dP^T before waiting for this step's dV and
 // dK. The compiler serializes those products (ptxas C7515) and it ran no faster: 478 against
-// 480 TFLOP/s of the kernel's products at 16K.)
+// 480 TFLOP/s of the kernel's products at 16K. Also tried: the forward's turns, S^T and dP^T
+// then dV and dK (and, fused, dQ in a third turn), consumers never skipping a step: 345-358
+// against 482 TFLOP/s of this kernel's products, and 379-410 against 487-511 for the fused
+// backward, at 16K and 64K; why the turns help the dQ kernel and the forward but not this
+// kernel is not understood yet. And, fused, dQ one step late with the dS^T tiles handed over
+// by mbarriers instead of the named barrier: 476-492 against 478-498, not kept.)
 template <bool FUSED_DQ>
 __global__ void __launch_bounds__(THREADS, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
@@ -758,6 +764,10 @@ __global__ void dq_convert_kernel(const BwdParams p, int64_t n_qt) {
 // ---- dQ: one block per 128 query rows of one head.
 constexpr int DQ_SMEM = 1024 + 2 * TILE + BWD_STAGES * 2 * HALF_TILE + 8 * (1 + 2 * BWD_STAGES);
 
+// Measured on an H200 (build/bench_attention_hopper --bench): with the turns, 647 / 649 TFLOP/s
+// of the kernel's products at 16K (3B / 8B) and 591 / 590 at 64K, against 498 / 505 at 16K
+// without them (same device call; 482-485 at 64K earlier that day). Its results were
+// bit-identical to attention.cu's on the bench's six checked shapes, as before.
 // (Tried on an H200: this consumer's rows of Q and dO held in registers as the A operands of S
 // and dP, so those products read only B from shared memory: 502-510 against 496-502 TFLOP/s of
 // the kernel's products at 16K, within run-to-run noise, so not kept.)
@@ -819,21 +829,33 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = 0; i < 64; i++) dq[i] = 0.f;
     mbar_wait(q_full, 0);
 
+    // The consumers take turns issuing products, as in the forward: S and dP, then dQ += dS K,
+    // each after the other consumer has issued its own (named barrier 2 + c). Each barrier sees
+    // as many arrivals as syncs: consumer 1 arrives once ahead and not after its last turn. So
+    // both consumers walk every key tile (a tile whose keys all follow this consumer's rows is
+    // masked to zero instead of skipped).
+    const int64_t n_turns = 2 * n_kt;
+    int64_t turn = 0;
+    auto my_turn = [&]() { named_barrier(2 + c, 256); };
+    auto your_turn = [&]() {
+        if (c == 0 || turn + 1 < n_turns) named_arrive(3 - c, 256);
+        turn++;
+    };
+    if (c == 1) named_arrive(2, 256);
+
     for (int64_t kt = 0; kt < n_kt; kt++) {
         const int s = (int)(kt % BWD_STAGES);
         const int64_t k0 = kt * BQ;
         mbar_wait(full(s), (uint32_t)((kt / BWD_STAGES) & 1));
         const uint32_t k_tile = sK + s * HALF_TILE, v_tile = sV + s * HALF_TILE;
-        if (k0 > q0 + c * 64 + 63) {  // every key after every row of this consumer
-            mbar_arrive(empty(s));
-            continue;
-        }
         float sc[32], dp[32];
+        my_turn();
         wgmma_fence();
         product_64_ss(sc, q_rows, k_tile, BQ);
         wgmma_commit();
         product_64_ss(dp, do_rows, v_tile, BQ);
         wgmma_commit();
+        your_turn();
         wgmma_wait<1>();
         fence_regs<32>(sc);
         const bool diagonal = k0 + BQ - 1 > q0 + c * 64;
@@ -856,9 +878,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int kc = 0; kc < 4; kc++) to_a(dsa + 4 * kc, dp, kc);
         // dQ += dS K: K read MN-major (keys are the k of this product, d its n).
         fence_regs<64>(dq);
+        my_turn();
         wgmma_fence();
         product_128_rs<BQ>(dq, dsa, k_tile);
         wgmma_commit();
+        your_turn();
         wgmma_wait<0>();
         fence_regs<64>(dq);
         mbar_arrive(empty(s));
