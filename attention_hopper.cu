@@ -16,14 +16,18 @@
 //    most of its registers to the others with setmaxnreg); warpgroups 1 and 2 compute, each on
 //    its 64 rows. Stages of a shared-memory ring are handed over with mbarriers: "full" when
 //    the copy engine has written them, "empty" when both consumers are done with them. In the
-//    forward the two consumers take turns issuing products, so that one's softmax runs while
-//    the other's products do (FlashAttention-3's "ping-pong").
+//    forward and in the dQ kernel the two consumers take turns issuing products, so that one's
+//    elementwise work (softmax; dS) runs while the other's products do (FlashAttention-3's
+//    "ping-pong").
 //  * Transposes are free: a product that needs an operand with the other dimension contiguous
 //    (V in O += P V; dO, Q in dV, dK; K in dQ) reads the same tile through an MN-major
 //    descriptor (wgmma's transpose bit), so every tile is loaded once in one layout.
-//  * Causal tiles on and below the diagonal only, mask arithmetic on diagonal tiles only, and
-//    longest-first block order (blocks with the most tiles to walk start first, so the last
-//    wave is short ones; in the forward within each KV head, whose blocks run together).
+//  * Causal tiles on and below the diagonal only (per block; inside a block, the dQ kernel's and
+//    the fused dK/dV kernel's consumers compute a tile that lies wholly after their rows masked
+//    to zeros, since their turns or barriers need every step), mask arithmetic on diagonal
+//    tiles only, and longest-first block order (blocks with the most tiles to walk start first,
+//    so the last wave is short ones; in the forward within each KV head, whose blocks run
+//    together).
 //
 // Forward, one block per 128 query rows of one head (consumer c owns rows 64c..64c+63):
 //   S = Q K^T       wgmma m64n128k16, A = Q (shared), B = K tile (shared, K-major), 8 k-steps
@@ -31,7 +35,8 @@
 //                   A-operand layout of the next product, so P never leaves registers)
 //   O += P V        wgmma m64n128k16, A = P (registers), B = V tile (shared, MN-major)
 //   per key tile j a consumer issues S_j and O += P_{j-1} V_{j-1} together, in turn with the
-//   other consumer, and computes the softmax of S_j while they run.
+//   other consumer; once S_j is done it computes its softmax while O += P_{j-1} V_{j-1} and the
+//   other consumer's products run.
 //
 // Backward (delta = rowsum(dO * O) given), deterministic and without atomics as attention.cu:
 //   dK/dV kernel, one block per 128 keys of one KV head (consumer c: keys 64c..), walking every
@@ -54,8 +59,10 @@
 //   forward         586-627 TFLOP/s   PyTorch flash 291-349, cuDNN 556-611, attention.cu 216-232
 //   backward        332-343 TFLOP/s   PyTorch flash 254-324, cuDNN 467-529, attention.cu 119-144
 //   fused backward  452-492 TFLOP/s
-// The deterministic backward's two kernels run their own products at 467-512 TFLOP/s; the gap
-// to the fused one is the two recomputed products.
+// (All at commit 3929a66, before the dQ kernel took turns.) The deterministic backward's two
+// kernels ran their own products at 467-512 TFLOP/s then; the gap to the fused one is the two
+// recomputed products. With turns the dQ kernel's products run at 590-649 (tuning bench, see the
+// kernel); the whole backward with it is not measured yet.
 //
 // Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
