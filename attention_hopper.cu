@@ -207,6 +207,22 @@ __device__ inline void wgmma_64_ss(float* d, uint64_t da, uint64_t db, int scale
 __device__ inline void named_barrier(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 // Arrive at a named barrier without waiting for it (the threads that sync on it wait).
 __device__ inline void named_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+// The two consumer warpgroups taking turns at issuing products (FlashAttention-3's "ping-pong"):
+// consumer c waits at named barrier 2 + c until the other one has issued its products and
+// arrived there. Both take `n` turns. Each barrier sees as many arrivals as syncs: consumer 1
+// arrives once ahead (consumer 0 goes first) and not after its last turn.
+struct Turns {
+    int c;
+    int64_t n;
+    __device__ Turns(int consumer, int64_t n_turns) : c(consumer), n(n_turns) {
+        if (c == 1) named_arrive(2, 256);
+    }
+    __device__ void mine() const { named_barrier(2 + c, 256); }
+    __device__ void yours(int64_t turn) const {  // after turn number `turn` (0 .. n - 1)
+        if (c == 0 || turn + 1 < n) named_arrive(3 - c, 256);
+    }
+};
+
 // Shared-memory writes of this thread become visible to the async proxy (wgmma, bulk copies).
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // global[0..bytes) += shared[0..bytes), fp32, by the copy engine (one bulk group per call).
@@ -400,20 +416,13 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int k = 0; k < HD / 16; k++) wgmma_128_ss(sc, kmajor_desc(q_rows, k, 128), kmajor_desc(sK + s * TILE, k, 128), k > 0);
         wgmma_commit();
     };
-    // Turns: consumer c waits at barrier 2 + c until the other one has issued its products and
-    // arrived there. Each barrier sees as many arrivals as syncs: consumer 1 arrives once ahead
-    // (consumer 0 goes first) and not after its last step.
-    auto my_turn = [&]() { named_barrier(2 + c, 256); };
-    auto your_turn = [&](int64_t j) {
-        if (c == 0 || j + 1 < n_kv_tiles) named_arrive(3 - c, 256);
-    };
-    if (c == 1) named_arrive(2, 256);
+    const Turns turns(c, n_kv_tiles);  // one per key tile
 
     // Tile 0: S_0 alone.
     mbar_wait(k_full(0), 0);
-    my_turn();
+    turns.mine();
     issue_s(0);
-    your_turn(0);
+    turns.yours(0);
     wgmma_wait<0>();
     fence_regs<64>(sc);
     mbar_arrive(k_empty(0));
@@ -424,11 +433,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int s = (int)(j % FWD_STAGES), sp = (int)((j - 1) % FWD_STAGES);  // stages of tiles j, j - 1
         mbar_wait(k_full(s), (uint32_t)((j / FWD_STAGES) & 1));
         mbar_wait(v_full(sp), (uint32_t)(((j - 1) / FWD_STAGES) & 1));
-        my_turn();
+        turns.mine();
         issue_s(s);
         product_128_rs<128>(o, pa, sV + sp * TILE);  // O += P_{j-1} V_{j-1}: V read MN-major
         wgmma_commit();
-        your_turn(j);
+        turns.yours(j);
         wgmma_wait<1>();  // S_j done
         fence_regs<64>(sc);
         mbar_arrive(k_empty(s));
@@ -836,19 +845,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = 0; i < 64; i++) dq[i] = 0.f;
     mbar_wait(q_full, 0);
 
-    // The consumers take turns issuing products, as in the forward: S and dP, then dQ += dS K,
-    // each after the other consumer has issued its own (named barrier 2 + c). Each barrier sees
-    // as many arrivals as syncs: consumer 1 arrives once ahead and not after its last turn. So
-    // both consumers walk every key tile (a tile whose keys all follow this consumer's rows is
-    // masked to zero instead of skipped).
-    const int64_t n_turns = 2 * n_kt;
-    int64_t turn = 0;
-    auto my_turn = [&]() { named_barrier(2 + c, 256); };
-    auto your_turn = [&]() {
-        if (c == 0 || turn + 1 < n_turns) named_arrive(3 - c, 256);
-        turn++;
-    };
-    if (c == 1) named_arrive(2, 256);
+    // The consumers take turns issuing products, as in the forward: S and dP, then dQ += dS K.
+    // Both take the same number of turns, so both walk every key tile (a tile whose keys all
+    // follow this consumer's rows is masked to zero instead of skipped).
+    const Turns turns(c, 2 * n_kt);  // two per key tile
 
     for (int64_t kt = 0; kt < n_kt; kt++) {
         const int s = (int)(kt % BWD_STAGES);
@@ -856,13 +856,13 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(full(s), (uint32_t)((kt / BWD_STAGES) & 1));
         const uint32_t k_tile = sK + s * HALF_TILE, v_tile = sV + s * HALF_TILE;
         float sc[32], dp[32];
-        my_turn();
+        turns.mine();
         wgmma_fence();
         product_64_ss(sc, q_rows, k_tile, BQ);
         wgmma_commit();
         product_64_ss(dp, do_rows, v_tile, BQ);
         wgmma_commit();
-        your_turn();
+        turns.yours(2 * kt);
         wgmma_wait<1>();
         fence_regs<32>(sc);
         const bool diagonal = k0 + BQ - 1 > q0 + c * 64;
@@ -885,11 +885,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int kc = 0; kc < 4; kc++) to_a(dsa + 4 * kc, dp, kc);
         // dQ += dS K: K read MN-major (keys are the k of this product, d its n).
         fence_regs<64>(dq);
-        my_turn();
+        turns.mine();
         wgmma_fence();
         product_128_rs<BQ>(dq, dsa, k_tile);
         wgmma_commit();
-        your_turn();
+        turns.yours(2 * kt + 1);
         wgmma_wait<0>();
         fence_regs<64>(dq);
         mbar_arrive(empty(s));

@@ -75,16 +75,20 @@ static Timing time_kernels(const AttentionForwardArgs& fa, const AttentionBackwa
     std::vector<float> tf, tb;
     auto forward = [&] { attention_forward(fa, sh, 0); };
     auto backward = [&] { attention_backward(ba, sh, 0); };
-    for (int r = 0; r < reps + warmup; r++) {  // forward and backward alternate, as in training
-        const float f = separate ? 0.f : time_one(forward), b = separate ? 0.f : time_one(backward);
-        if (r >= warmup) tf.push_back(f), tb.push_back(b);
-    }
-    if (separate) {
-        for (int r = 0; r < reps + warmup; r++)
-            if (float f = time_one(forward); r >= warmup) tf[r - warmup] = f;
-        for (int r = 0; r < reps + warmup; r++)
-            if (float b = time_one(backward); r >= warmup) tb[r - warmup] = b;
-    }
+    // `reps` timings of each, after `warmup` untimed rounds: forward and backward alternating,
+    // as in training, or (separate) all the forwards, then all the backwards.
+    auto rounds = [&](bool time_f, bool time_b) {
+        for (int r = 0; r < reps + warmup; r++) {
+            const float f = time_f ? time_one(forward) : 0.f, b = time_b ? time_one(backward) : 0.f;
+            if (r < warmup) continue;
+            if (time_f) tf.push_back(f);
+            if (time_b) tb.push_back(b);
+        }
+    };
+    if (separate)
+        rounds(true, false), rounds(false, true);
+    else
+        rounds(true, true);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     return {median(tf), median(tb)};
 }
