@@ -16,9 +16,9 @@
 //    most of its registers to the others with setmaxnreg); warpgroups 1 and 2 compute, each on
 //    its 64 rows. Stages of a shared-memory ring are handed over with mbarriers: "full" when
 //    the copy engine has written them, "empty" when both consumers are done with them. In the
-//    forward and in the dQ kernel the two consumers take turns issuing products, so that one's
-//    elementwise work (softmax; dS) runs while the other's products do (FlashAttention-3's
-//    "ping-pong").
+//    forward, the dQ kernel and the deterministic dK/dV kernel the two consumers take turns
+//    issuing products, so that one's elementwise work (softmax; dS) runs while the other's
+//    products do (FlashAttention-3's "ping-pong").
 //  * Transposes are free: a product that needs an operand with the other dimension contiguous
 //    (V in O += P V; dO, Q in dV, dK; K in dQ) reads the same tile through an MN-major
 //    descriptor (wgmma's transpose bit), so every tile is loaded once in one layout.
@@ -40,7 +40,8 @@
 //
 // Backward (delta = rowsum(dO * O) given), deterministic and without atomics as attention.cu:
 //   dK/dV kernel, one block per 128 keys of one KV head (consumer c: keys 64c..), walking every
-//   query head of the GQA group and its 64-row query tiles at or after the block's keys:
+//   query head of the GQA group and its 64-row query tiles at or after the block's keys, its
+//   consumers taking turns (S^T and dP^T, then dV and dK):
 //     S^T = K Q^T, dP^T = V dO^T           (m64n64k16, both operands shared)
 //     P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)
 //     dV += P^T dO, dK += dS^T Q           (m64n128k16, A = registers, B = MN-major shared)
@@ -216,15 +217,19 @@ __device__ inline void named_arrive(int id, int count) { asm volatile("bar.arriv
 // consumer c waits at named barrier 2 + c until the other one has issued its products and
 // arrived there. Both take `n` turns. Each barrier sees as many arrivals as syncs: consumer 1
 // arrives once ahead (consumer 0 goes first) and not after its last turn.
+// (`on` false: no turns, every call does nothing.)
 struct Turns {
     int c;
     int64_t n;
-    __device__ Turns(int consumer, int64_t n_turns) : c(consumer), n(n_turns) {
-        if (c == 1) named_arrive(2, 256);
+    bool on;
+    __device__ Turns(int consumer, int64_t n_turns, bool on_ = true) : c(consumer), n(n_turns), on(on_) {
+        if (on && c == 1) named_arrive(2, 256);
     }
-    __device__ void mine() const { named_barrier(2 + c, 256); }
+    __device__ void mine() const {
+        if (on) named_barrier(2 + c, 256);
+    }
     __device__ void yours(int64_t turn) const {  // after turn number `turn` (0 .. n - 1)
-        if (c == 0 || turn + 1 < n) named_arrive(3 - c, 256);
+        if (on && (c == 0 || turn + 1 < n)) named_arrive(3 - c, 256);
     }
 };
 
@@ -564,14 +569,21 @@ constexpr int dkdv_smem() {
 }
 static_assert(dkdv_smem<true>() <= 227 * 1024, "the fused dK/dV/dQ kernel's shared memory exceeds the SM's");
 
+// Without FUSED_DQ the consumers take turns (S^T and dP^T, then dV and dK). Measured on an H200
+// (tuning bench, 3B / 8B at 16K and 64K, same device call): 636 / 596-638 TFLOP/s of the
+// kernel's products at 16K and 650 / 650-654 at 64K, against 604 / 606 and 615 / 622 without.
+// (An earlier try of the same turns lost 28%: 345-358 against 482. The loop then spent about
+// 550 of its 970 instructions per step on masks and descriptors (see zero_outside and
+// desc_bits), all on the path between one product and the next, which the turns serialize.)
 // (Tried on an H200: issuing the next step's S^T and dP^T before waiting for this step's dV and
 // dK. The compiler serializes those products (ptxas C7515) and it ran no faster: 478 against
-// 480 TFLOP/s of the kernel's products at 16K. Also tried: the forward's turns, S^T and dP^T
-// then dV and dK (and, fused, dQ in a third turn), consumers never skipping a step: 345-358
-// against 482 TFLOP/s of this kernel's products, and 379-410 against 487-511 for the fused
-// backward, at 16K and 64K; why the turns help the dQ kernel and the forward but not this
-// kernel is not understood yet. And, fused, dQ one step late with the dS^T tiles handed over
-// by mbarriers instead of the named barrier: 476-492 against 478-498, not kept.)
+// 480 TFLOP/s of the kernel's products at 16K. Fused: dQ one step late with the dS^T tiles
+// handed over by mbarriers instead of the named barrier: 476-492 against 478-498. Fused, with
+// the bloated loop: turns in three per step (S^T, dP^T; dV, dK; dQ): 379-410 against 487-511.
+// Fused, with the lean loop: turns in two per step (S^T, dP^T; then dV, dQ, dK, each consumer
+// arriving at a barrier of its own once its dS^T is written and waiting at the other's before
+// dQ): kernel 7.37 / 9.97 ms at 16K and 120.3 / 169.2 ms at 64K against 7.67 / 10.37 and
+// 121.0 / 162.1 without, the same device call: -4% to +4%, not kept.)
 template <bool FUSED_DQ>
 __global__ void __launch_bounds__(THREADS, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
@@ -671,30 +683,29 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_wait(kv_full, 0);
 
     // One flat loop over (query head of the group, query tile).
-    const int64_t steps_per_head = n_qt - first_qt;
+    const int64_t steps_per_head = n_qt - first_qt, n_steps = p.group * steps_per_head;
+    // Without FUSED_DQ the consumers take turns issuing products, as in the forward and the dQ
+    // kernel: S^T and dP^T, then dV and dK. Both take the same number of turns, so both walk
+    // every step (a tile whose queries all precede this consumer's keys is masked to zero).
+    const Turns turns(c, 2 * n_steps, !FUSED_DQ);
     Ring<BWD_STAGES> ring;
     int64_t qt = first_qt;
-    for (int64_t step = 0; step < p.group * steps_per_head; step++, ring.next(), qt = qt + 1 < n_qt ? qt + 1 : first_qt) {
+    for (int64_t step = 0; step < n_steps; step++, ring.next(), qt = qt + 1 < n_qt ? qt + 1 : first_qt) {
         const int s = ring.stage;
         const int64_t q0 = qt * BQ;
         mbar_wait(full(s), ring.phase);
         const uint32_t q_tile = sQ + s * HALF_TILE, do_tile = sdO + s * HALF_TILE;
-        // Whether this consumer's keys are seen by any query of the tile (not: all follow them).
-        // (FUSED_DQ: always, the masks zero P; the compiler then keeps the products in one path.)
-        const bool active = FUSED_DQ || q0 + BQ - 1 >= k0 + c * 64;
-        if (!active) {
-            mbar_arrive(empty(s));
-            continue;
-        }
         const uint32_t dst_tile = sdST + (uint32_t)(step & 1) * DST_TILE;
-        if (active) {
+        {
             // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, two groups of products.
             float st[32], dpt[32];
+            turns.mine();
             wgmma_fence();
             product_64_ss(st, k_rows, q_tile, BQ);
             wgmma_commit();
             product_64_ss(dpt, v_rows, do_tile, BQ);
             wgmma_commit();
+            turns.yours(2 * step);
 
             // P^T = exp(scale s - lse) where the query sees the key, while dP^T is computed.
             const float* lse2 = stats + s * 2 * BQ;
@@ -731,10 +742,12 @@ __global__ void __launch_bounds__(THREADS, 1)
 
             // dV += P^T dO, dK += dS^T Q: dO and Q read MN-major (queries are the k, d the n).
             fence_regs<64>(dv), fence_regs<64>(dk);
+            turns.mine();
             wgmma_fence();
             product_128_rs<BQ>(dv, pa, do_tile);
             if (!FUSED_DQ) product_128_rs<BQ>(dk, dsa, q_tile);
             wgmma_commit();
+            turns.yours(2 * step + 1);
         }
         if (FUSED_DQ) {
             // dQ[:, 64c..64c+63] = dS K[:, 64c..] between dV and dK, so that its epilogue runs
