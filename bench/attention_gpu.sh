@@ -23,7 +23,7 @@ for part in ${PARTS:-tests hopper bench torch mfu}; do case $part in
           T=200 run torch_separate python3 bench/attention_vs_torch.py --separate --seqs ${TSEQS:-8192,16384,65536,131072} --json $L/torch_separate.jsonl ;;
   mfu)    T=200 run mfu_3b_64k ./train --config llama3.2-3b --seq-len 64K --steps 3 --ckpt --task random --log $L/mfu_3b_64k.jsonl
           T=200 run mfu_3b_64k_fused ./train --config llama3.2-3b --seq-len 64K --steps 3 --ckpt --task random --attention fused --log $L/mfu_3b_64k_fused.jsonl ;;
-  longtest) TEST_ATTENTION_LONG_TOKENS=${LONG_TOKENS:-1048653} T=400 run test_attention_long build/tests/test_attention --gtest_filter='Kernels/AttentionLong.*' ;;
+  longtest) T=400 run test_attention_long env TEST_ATTENTION_LONG_TOKENS=${LONG_TOKENS:-1048653} build/tests/test_attention --gtest_filter='Kernels/AttentionLong.*' ;;
   long)   T=400 run bench_1m build/bench_attention --seqs ${LSEQS:-1M} --shapes ${LSHAPES:-3B,8B} --reps 1 --warmup 0 --no-check --json $L/attention_1m.jsonl ;;
 esac; done
 tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
