@@ -545,24 +545,21 @@ constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per
 //
 // FUSED_DQ (--attention fused): the block also adds this key tile's part of dQ = dS K into an
 // fp32 accumulator (attention_dq_accum_floats), so S and dP are computed once: 5 products where
-// the deterministic pair of kernels computes 7. Per step (the second of a consumer's two turns):
+// the deterministic pair of kernels computes 7. Per step:
 //   1. each consumer writes its 64 rows of dS^T (bf16) to a shared [128 keys][64 queries] tile
-//      (double-buffered), arrives at its named barrier (4 + c) and issues dV += P^T dO;
-//   2. it waits at the other consumer's barrier (its rows of dS^T written), then issues
-//      dQ[:, 64c..64c+63] = dS K[:, 64c..] over all 128 keys (m64n64k16, dS read MN-major from
-//      that tile, K MN-major), then dK += dS^T Q;
+//      (double-buffered) and issues dV += P^T dO;
+//   2. the two consumers meet at a named barrier; consumer c issues dQ[:, 64c..64c+63] =
+//      dS K[:, 64c..] over all 128 keys (m64n64k16, dS read MN-major from that tile, K
+//      MN-major), then dK += dS^T Q;
 //   3. when dQ's part is done (dK still running) it goes to the consumer's shared fp32 tile, and
 //      an mbarrier tells warp 1 of the producer warpgroup, which has the copy engine add it to
 //      global memory (cp.reduce.async.bulk .add.f32) and frees the tile when it has been read.
 // dq_convert_kernel then scales and rounds the sums to bf16. Blocks add in whatever order they
 // run, so dQ is not bit-reproducible from run to run; dK and dV still are.
-// (A tile is rewritten two steps later, after the other consumer has waited for its dQ product
-// of that tile: it arrives at its barrier of the next step only after that wait.)
-// Measured on an H200 (build/bench_attention_hopper --bench, 3B and 8B shapes, 16K and 64K,
-// two rounds in one device call): 531-545 TFLOP/s for the whole backward with the turns,
-// against 516-534 with both consumers meeting at one named barrier every step and no turns.
-// The first version, where each consumer issued the adds itself after dK (two named barriers
-// per step around its shared tile, nothing of its own running meanwhile), reached 434-440.
+// Measured on an H200 (build/bench_attention_hopper --bench, 3B and 8B shapes, 16K and 64K):
+// 490-509 TFLOP/s for the whole backward, against 337-350 for the deterministic kernels. The
+// first version, where each consumer issued the adds itself after dK (two named barriers per
+// step around its shared tile, nothing of its own running meanwhile), reached 434-440.
 constexpr int DQ_ACC_TILE = BQ * 64 * 4;  // bytes of one consumer's 64 x 64 fp32 part of a step's dQ
 constexpr int DST_TILE = 128 * BQ * 2;    // bytes of a [128 keys][64 queries] bf16 tile of dS^T
 template <bool FUSED_DQ>
@@ -572,7 +569,7 @@ constexpr int dkdv_smem() {
 }
 static_assert(dkdv_smem<true>() <= 227 * 1024, "the fused dK/dV/dQ kernel's shared memory exceeds the SM's");
 
-// The turns without FUSED_DQ (S^T and dP^T, then dV and dK), measured on an H200
+// Without FUSED_DQ the consumers take turns (S^T and dP^T, then dV and dK). Measured on an H200
 // (tuning bench, 3B / 8B at 16K and 64K, same device call): 636 / 596-638 TFLOP/s of the
 // kernel's products at 16K and 650 / 650-654 at 64K, against 604 / 606 and 615 / 622 without.
 // (An earlier try of the same turns lost 28%: 345-358 against 482. The loop then spent about
@@ -583,9 +580,15 @@ static_assert(dkdv_smem<true>() <= 227 * 1024, "the fused dK/dV/dQ kernel's shar
 // 480 TFLOP/s of the kernel's products at 16K. Fused: dQ one step late with the dS^T tiles
 // handed over by mbarriers instead of the named barrier: 476-492 against 478-498. Fused, with
 // the bloated loop: turns in three per step (S^T, dP^T; dV, dK; dQ): 379-410 against 487-511.
-// A suspend-time hint on the mbarrier waits, so that waiting warps sleep instead of spinning:
-// on every wait, the dK/dV kernel's products lost 8% (586-619 against 642-671); on the
-// producers' waits only, no change (511-535 against 516-534 fused).)
+// Fused, with the lean loop: turns in two per step (S^T, dP^T; then dV, dQ, dK, each consumer
+// arriving at a named barrier of its own once its dS^T is written and waiting at the other's
+// before dQ). At 16K and 64K, 531-545 TFLOP/s against 516-534 (two rounds, one device call),
+// but erratic at 128K and beyond: at 8B 128K the kernel took 868 ms in one run and 659 ms
+// without the turns, the whole bench's median 877 ms once and 672 ms another time, and at 1M
+// (3B) the backward ran at 365 TFLOP/s, below the deterministic kernels' 426. Not kept until
+// that is understood. A suspend-time hint on the mbarrier waits, so that waiting warps sleep
+// instead of spinning: on every wait, this kernel's products lost 8% (586-619 against
+// 642-671); on the producers' waits only, no change (511-535 against 516-534 fused).)
 template <bool FUSED_DQ>
 __global__ void __launch_bounds__(THREADS, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
@@ -686,10 +689,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     // One flat loop over (query head of the group, query tile).
     const int64_t steps_per_head = n_qt - first_qt, n_steps = p.group * steps_per_head;
-    // The consumers take turns issuing products, as in the forward and the dQ kernel: S^T and
-    // dP^T, then dV and dK (FUSED_DQ: dV, dQ and dK). Both take the same number of turns, so both
-    // walk every step (a tile whose queries all precede this consumer's keys is masked to zero).
-    const Turns turns(c, 2 * n_steps);
+    // Without FUSED_DQ the consumers take turns issuing products, as in the forward and the dQ
+    // kernel: S^T and dP^T, then dV and dK. Both take the same number of turns, so both walk
+    // every step (a tile whose queries all precede this consumer's keys is masked to zero).
+    const Turns turns(c, 2 * n_steps, !FUSED_DQ);
     Ring<BWD_STAGES> ring;
     int64_t qt = first_qt;
     for (int64_t step = 0; step < n_steps; step++, ring.next(), qt = qt + 1 < n_qt ? qt + 1 : first_qt) {
@@ -740,7 +743,6 @@ __global__ void __launch_bounds__(THREADS, 1)
                         *(uint32_t*)(tile + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * ln.t) = dsa[4 * kc + i];
                     }
                 fence_proxy_async();
-                named_arrive(4 + c, 256);  // this consumer's dS^T is written
             }
 
             // dV += P^T dO, dK += dS^T Q: dO and Q read MN-major (queries are the k, d the n).
@@ -750,13 +752,13 @@ __global__ void __launch_bounds__(THREADS, 1)
             product_128_rs<BQ>(dv, pa, do_tile);
             if (!FUSED_DQ) product_128_rs<BQ>(dk, dsa, q_tile);
             wgmma_commit();
-            if (!FUSED_DQ) turns.yours(2 * step + 1);
+            turns.yours(2 * step + 1);
         }
         if (FUSED_DQ) {
             // dQ[:, 64c..64c+63] = dS K[:, 64c..] between dV and dK, so that its epilogue runs
             // while dK is computed.
             float dq[32] = {};
-            named_barrier(5 - c, 256);  // the other consumer's dS^T is written
+            named_barrier(1, 256);
             wgmma_fence();
             const uint32_t k_half = sK + c * (TILE / 2);
 #pragma unroll
@@ -764,7 +766,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_commit();
             product_128_rs<BQ>(dk, dsa, q_tile);
             wgmma_commit();
-            turns.yours(2 * step + 1);
             wgmma_wait<1>();
             fence_regs<32>(dq);
             float* acc = (float*)(smem_raw + (sdQ + c * DQ_ACC_TILE - smem_u32(smem_raw)));
