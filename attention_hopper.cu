@@ -54,16 +54,16 @@
 //   computes dQ = dS K per step and has the copy engine add it to the workspace (see the kernel);
 //   5 products, faster, dQ summed in any order (not bit-reproducible), 4 bytes per dQ element.
 //
-// Speed on an H200 (build/bench_attention beside bench/attention_vs_torch.py, same session, both
-// alternating forward and backward; results/attention_h200.json), causal, 8K-128K tokens, the
-// 3B (24/8 heads) and 8B (32/8) shapes:
-//   forward         586-627 TFLOP/s   PyTorch flash 291-349, cuDNN 556-611, attention.cu 216-232
-//   backward        332-343 TFLOP/s   PyTorch flash 254-324, cuDNN 467-529, attention.cu 119-144
-//   fused backward  452-492 TFLOP/s
-// (All at commit 3929a66, before the dQ kernel took turns.) The deterministic backward's two
-// kernels ran their own products at 467-512 TFLOP/s then; the gap to the fused one is the two
-// recomputed products. With turns the dQ kernel's products run at 590-649 (tuning bench, see the
-// kernel); the whole backward with it is not measured yet.
+// Speed on an H200 (build/bench_attention beside bench/attention_vs_torch.py, same device call,
+// both alternating forward and backward; results/attention_h200.json), causal, 8K-128K tokens,
+// the 3B (24/8 heads) and 8B (32/8) shapes, commit b7ef386:
+//   forward         550-625 TFLOP/s   PyTorch flash 294-346, cuDNN 519-610, attention.cu 216-232
+//   backward        447-504 TFLOP/s   PyTorch flash 255-324, cuDNN 426-528, attention.cu 118-144
+//   fused backward  496-536 TFLOP/s
+// The deterministic backward's two kernels run their own products at 620-650 (dK/dV) and
+// 670-710 (dQ) TFLOP/s (tuning bench); the gap to the fused one is the two recomputed products.
+// What most of the backward's gain over the previous version came from: masks evaluated on
+// edge tiles only, and descriptors built once per tile (see zero_outside and desc_bits).
 //
 // Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
