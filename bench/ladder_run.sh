@@ -10,7 +10,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 start=$(date +%s)
 (CUDA_VISIBLE_DEVICES=0 timeout ${LADDER_TIMEOUT:-300} make ladder LADDER_CONFIGS=llama3.2-3b > "$OUT/ladder_3b.log" 2>&1; echo "exit $? after $(( $(date +%s) - start )) s" >> "$OUT/ladder_3b.log") &
 (CUDA_VISIBLE_DEVICES=1 timeout ${LADDER_TIMEOUT:-300} make ladder LADDER_CONFIGS=llama3.1-8b > "$OUT/ladder_8b.log" 2>&1; echo "exit $? after $(( $(date +%s) - start )) s" >> "$OUT/ladder_8b.log") &
-wait; pkill -f "train --" ; cat "$OUT/ladder_3b.log" "$OUT/ladder_8b.log"
+wait
+# Children a timeout left behind: this checkout's ./train only (the ladder's parent runs as
+# ./train, its children by their resolved path), not every command line that mentions "train --".
+pkill -f "^(\./|$PWD/)train( |$)"; cat "$OUT/ladder_3b.log" "$OUT/ladder_8b.log"
 cp results/ladder_*.jsonl "$OUT"/ 2>/dev/null
 (cd "$OUT" && tar czf "$FINAL/logs.tar.gz" .)
 timeout 60 bash tests/run_tests.sh build/tests/test_cli > "$FINAL/tests_cli.log" 2>&1
