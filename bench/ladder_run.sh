@@ -13,7 +13,7 @@ start=$(date +%s)
 wait
 # Children a timeout left behind: this checkout's ./train only (the ladder's parent runs as
 # ./train, its children by their resolved path), not every command line that mentions "train --".
-pkill -f "^(\./|$PWD/)train( |$)"; cat "$OUT/ladder_3b.log" "$OUT/ladder_8b.log"
+pkill -f "^(\./|$PWD/|$(pwd -P)/)train( |$)"; cat "$OUT/ladder_3b.log" "$OUT/ladder_8b.log"
 cp results/ladder_*.jsonl "$OUT"/ 2>/dev/null
 (cd "$OUT" && tar czf "$FINAL/logs.tar.gz" .)
 timeout 60 bash tests/run_tests.sh build/tests/test_cli > "$FINAL/tests_cli.log" 2>&1
