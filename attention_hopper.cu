@@ -701,7 +701,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(full(s), ring.phase);
         const uint32_t q_tile = sQ + s * HALF_TILE, do_tile = sdO + s * HALF_TILE;
         const uint32_t dst_tile = sdST + (uint32_t)(step & 1) * DST_TILE;
-        {
+        {  // (a block of its own: st and dpt live only until dV and dK are issued)
             // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, two groups of products.
             float st[32], dpt[32];
             turns.mine();
