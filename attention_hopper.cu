@@ -701,59 +701,58 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(full(s), ring.phase);
         const uint32_t q_tile = sQ + s * HALF_TILE, do_tile = sdO + s * HALF_TILE;
         const uint32_t dst_tile = sdST + (uint32_t)(step & 1) * DST_TILE;
-        {  // (a block of its own: st and dpt live only until dV and dK are issued)
-            // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, two groups of products.
-            float st[32], dpt[32];
-            turns.mine();
-            wgmma_fence();
-            product_64_ss(st, k_rows, q_tile, BQ);
-            wgmma_commit();
-            product_64_ss(dpt, v_rows, do_tile, BQ);
-            wgmma_commit();
-            turns.yours(2 * step);
+        // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, two groups of products.
+        float st[32], dpt[32];
+        turns.mine();
+        wgmma_fence();
+        product_64_ss(st, k_rows, q_tile, BQ);
+        wgmma_commit();
+        product_64_ss(dpt, v_rows, do_tile, BQ);
+        wgmma_commit();
+        turns.yours(2 * step);
 
-            // P^T = exp(scale s - lse) where the query sees the key, while dP^T is computed.
-            const float* lse2 = stats + s * 2 * BQ;
-            const float* delta = lse2 + BQ;
-            wgmma_wait<1>();
-            fence_regs<32>(st);
+        // P^T = exp(scale s - lse) where the query sees the key, while dP^T is computed.
+        const float* lse2 = stats + s * 2 * BQ;
+        const float* delta = lse2 + BQ;
+        wgmma_wait<1>();
+        fence_regs<32>(st);
 #pragma unroll
-            for (int jj = 0; jj < 8; jj++)
+        for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) st[4 * jj + e] = exp2_fast(fmaf(st[4 * jj + e], p.scale_log2, -lse2[ln.col(jj, e)]));
-            // Zero where query q0 + x precedes key k0 + 64c + r, or is past the end.
-            if (q0 < k0 + 128 || q0 + BQ > p.seq) zero_outside(st, ln, k0 + c * 64 - q0, BQ, p.seq - q0);
-            // dS^T = P^T (dP^T - delta)
-            wgmma_wait<0>();
-            fence_regs<32>(dpt);
+            for (int e = 0; e < 4; e++) st[4 * jj + e] = exp2_fast(fmaf(st[4 * jj + e], p.scale_log2, -lse2[ln.col(jj, e)]));
+        // Zero where query q0 + x precedes key k0 + 64c + r, or is past the end.
+        if (q0 < k0 + 128 || q0 + BQ > p.seq) zero_outside(st, ln, k0 + c * 64 - q0, BQ, p.seq - q0);
+        // dS^T = P^T (dP^T - delta)
+        wgmma_wait<0>();
+        fence_regs<32>(dpt);
 #pragma unroll
-            for (int jj = 0; jj < 8; jj++)
+        for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - delta[ln.col(jj, e)]);
+            for (int e = 0; e < 4; e++) dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - delta[ln.col(jj, e)]);
 #pragma unroll
-            for (int kc = 0; kc < 4; kc++) to_a(pa + 4 * kc, st, kc), to_a(dsa + 4 * kc, dpt, kc);
+        for (int kc = 0; kc < 4; kc++) to_a(pa + 4 * kc, st, kc), to_a(dsa + 4 * kc, dpt, kc);
 
-            if (FUSED_DQ) {  // this consumer's rows of dS^T into the shared tile (128-byte swizzle)
-                unsigned char* tile = smem_raw + (dst_tile - smem_u32(smem_raw));
+        if (FUSED_DQ) {  // this consumer's rows of dS^T into the shared tile (128-byte swizzle)
+            unsigned char* tile = smem_raw + (dst_tile - smem_u32(smem_raw));
 #pragma unroll
-                for (int kc = 0; kc < 4; kc++)
+            for (int kc = 0; kc < 4; kc++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {  // a[i]: row g + 8 (i & 1), columns 16 kc + 8 (i / 2) + 2t
-                        const int row = c * 64 + ln.row(i & 1), chunk = 2 * kc + i / 2;
-                        *(uint32_t*)(tile + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * ln.t) = dsa[4 * kc + i];
-                    }
-                fence_proxy_async();
-            }
-
-            // dV += P^T dO, dK += dS^T Q: dO and Q read MN-major (queries are the k, d the n).
-            fence_regs<64>(dv), fence_regs<64>(dk);
-            turns.mine();
-            wgmma_fence();
-            product_128_rs<BQ>(dv, pa, do_tile);
-            if (!FUSED_DQ) product_128_rs<BQ>(dk, dsa, q_tile);
-            wgmma_commit();
-            turns.yours(2 * step + 1);
+                for (int i = 0; i < 4; i++) {  // a[i]: row g + 8 (i & 1), columns 16 kc + 8 (i / 2) + 2t
+                    const int row = c * 64 + ln.row(i & 1), chunk = 2 * kc + i / 2;
+                    *(uint32_t*)(tile + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * ln.t) = dsa[4 * kc + i];
+                }
+            fence_proxy_async();
         }
+
+        // dV += P^T dO, dK += dS^T Q: dO and Q read MN-major (queries are the k, d the n).
+        fence_regs<64>(dv), fence_regs<64>(dk);
+        turns.mine();
+        wgmma_fence();
+        product_128_rs<BQ>(dv, pa, do_tile);
+        if (!FUSED_DQ) product_128_rs<BQ>(dk, dsa, q_tile);
+        wgmma_commit();
+        turns.yours(2 * step + 1);
+
         if (FUSED_DQ) {
             // dQ[:, 64c..64c+63] = dS K[:, 64c..] between dV and dK, so that its epilogue runs
             // while dK is computed.
