@@ -52,18 +52,26 @@
 //   atomics, and of no fp32 dQ accumulator (4 bytes per element of dQ) beside the bf16 tensors.
 // Fused backward (--attention fused, an fp32 dQ workspace given): the dK/dV kernel also
 //   computes dQ = dS K per step and has the copy engine add it to the workspace (see the kernel);
-//   5 products, faster, dQ summed in any order (not bit-reproducible), 4 bytes per dQ element.
+//   5 products, faster from 16K tokens, 4 bytes per dQ element. Its adds to each query tile go in
+//   a fixed order (by key tile), so it too is bit-reproducible.
 //
 // Speed on an H200 (build/bench_attention beside bench/attention_vs_torch.py, same device call,
 // both alternating forward and backward; results/attention_h200.json), causal, 8K-128K tokens,
-// the 3B (24/8 heads) and 8B (32/8) shapes, commit b7ef386:
-//   forward         550-625 TFLOP/s   PyTorch flash 294-346, cuDNN 519-610, attention.cu 216-232
-//   backward        447-504 TFLOP/s   PyTorch flash 255-324, cuDNN 426-528, attention.cu 118-144
-//   fused backward  496-536 TFLOP/s
+// the 3B (24/8 heads) and 8B (32/8) shapes, the commit that ordered the fused adds:
+//   forward         578-618 TFLOP/s   PyTorch flash 283-349, cuDNN 535-616, attention.cu 216-232
+//   backward        466-505 TFLOP/s   PyTorch flash 255-324, cuDNN 463-533, attention.cu 118-144
+//   fused backward  406-527 TFLOP/s   (484-527 from 16K)
 // The deterministic backward's two kernels run their own products at 620-650 (dK/dV) and
 // 670-710 (dQ) TFLOP/s (tuning bench); the gap to the fused one is the two recomputed products.
 // What most of the backward's gain over the previous version came from: masks evaluated on
 // edge tiles only, and descriptors built once per tile (see zero_outside and desc_bits).
+// Beyond 512K the fused backward is bound by memory (3B shape; Nsight Compute counters, one
+// launch each): both dK/dV kernels hit L2 on only 33-40% of their sectors at 512K and 1M, so Q
+// and dO mostly come from DRAM; the fused one also reads and writes its fp32 sums there, 151 TB
+// of DRAM traffic at 1M in 45 s (3.35 TB/s), and runs at 373 TFLOP/s there against 534 at
+// 512K (the deterministic backward: 428 and 433). Our reading, not yet measured: the blocks of
+// one KV head that run at once start in step, then drift apart wave after wave (their lengths
+// differ), until they read different query tiles.
 //
 // Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
@@ -243,6 +251,22 @@ __device__ inline void bulk_reduce_add(float* global, uint32_t shared, uint32_t 
 }
 // Wait until this thread's bulk groups have completed.
 __device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// The fused backward's ordered adds: wait until a count in global memory equals `value` (acquire),
+// and set it (release). The proxy fences order the copy engine's adds (async proxy) after the
+// acquire and before the release (generic proxy).
+__device__ inline void wait_count(const int* count, int value) {
+    int seen;
+    for (;;) {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+        if (seen == value) break;
+        __nanosleep(32);
+    }
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ inline void release_count(int* count, int value) {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(count), "r"(value) : "memory");
+}
 // Wait until at most N of this thread's bulk groups have not read their sources yet.
 template <int N>
 __device__ inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
@@ -536,7 +560,8 @@ struct BwdParams {
     int n_heads, n_kv_heads, batch, group;
     float scale, scale_log2;
     bool accumulate_dkv;
-    float* dq_accum;  // the fused backward's fp32 dQ sums, [batch][head][64-row tile][2][64][64]
+    float* dq_accum;  // the fused backward's fp32 dQ sums, [batch][head][64-row tile][2][64][64],
+                      // then an int count per tile (how many key tiles have added to it)
 };
 constexpr int BWD_STAGES = 3;
 constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per step of dQ's
@@ -554,8 +579,14 @@ constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per
 //   3. when dQ's part is done (dK still running) it goes to the consumer's shared fp32 tile, and
 //      an mbarrier tells warp 1 of the producer warpgroup, which has the copy engine add it to
 //      global memory (cp.reduce.async.bulk .add.f32) and frees the tile when it has been read.
-// dq_convert_kernel then scales and rounds the sums to bf16. Blocks add in whatever order they
-// run, so dQ is not bit-reproducible from run to run; dK and dV still are.
+// dq_convert_kernel then scales and rounds the sums to bf16. The adds to a query tile go in
+// ascending key tile order (counts beside the sums, see warp 1), so the sums, and dQ, are
+// bit-reproducible. The order costs waiting: the blocks of one KV head that run at once walk the
+// same query tiles, each two tiles behind the one before it (its keys start 128 later), and
+// every query head's first tiles of a block must wait for the block before it to get there.
+// Measured on an H200 against the same kernel adding in any order (tuning bench, one device
+// call, two rounds): 471-487 against 519-523 TFLOP/s at 16K, 518-521 against 527-531 at 64K,
+// 527 against 537-539 at 128K; at 1M both are bound by memory (373-376, see the header).
 // Measured on an H200 (build/bench_attention_hopper --bench, 3B and 8B shapes, 16K and 64K):
 // 490-509 TFLOP/s for the whole backward, against 337-350 for the deterministic kernels. The
 // first version, where each consumer issued the adds itself after dK (two named barriers per
@@ -626,12 +657,24 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x < 128) {  // producer: warp 0 (lane 0 the copies, every lane lse and delta)
         setmaxnreg_dec<PRODUCER_REGS>();
         if (FUSED_DQ && threadIdx.x == 32) {  // warp 1: the copy engine adds each stored dQ part
+            // In a fixed order, so that dQ is bit-reproducible: the adds to one 64-row query
+            // tile's sums go by ascending key tile. Each query tile has a count, after the sums in
+            // the same workspace (cleared with them); this block waits until it equals its key
+            // tile, adds, waits until its adds are performed, and counts on. No deadlock: the
+            // block waited for (the key tile before, same batch and heads) is earlier in the grid,
+            // and blocks start in grid order, so it is running or done, and it waits only for
+            // blocks earlier still. (Descending order would deadlock: the first blocks would wait
+            // for blocks that cannot start until they finish. FlashAttention's deterministic
+            // backward orders its dQ adds with a semaphore the same way.)
+            int* counts = (int*)(p.dq_accum + (int64_t)p.batch * p.n_heads * n_qt * (BQ * HD));
             uint32_t parity = 0;
             for (int i = 0; i < p.group; i++) {
                 const int h = kvh * p.group + i;
                 float* dst = p.dq_accum + (((int64_t)b * p.n_heads + h) * n_qt + first_qt) * (BQ * HD);
-                for (int64_t qt = first_qt; qt < n_qt; qt++, dst += BQ * HD, parity ^= 1) {
+                int* count = counts + ((int64_t)b * p.n_heads + h) * n_qt + first_qt;
+                for (int64_t qt = first_qt; qt < n_qt; qt++, dst += BQ * HD, count++, parity ^= 1) {
                     mbar_wait(dq_full(0), parity);
+                    wait_count(count, (int)k_tile);
                     bulk_reduce_add(dst, sdQ, DQ_ACC_TILE);
                     mbar_wait(dq_full(1), parity);
                     bulk_reduce_add(dst + BQ * 64, sdQ + DQ_ACC_TILE, DQ_ACC_TILE);
@@ -639,9 +682,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                     mbar_arrive(dq_empty(0));
                     bulk_wait_read<0>();
                     mbar_arrive(dq_empty(1));
+                    bulk_wait_all();  // performed, not only read
+                    release_count(count, (int)k_tile + 1);
                 }
             }
-            bulk_wait_all();
         }
         if (threadIdx.x < 32) {
             const int lane = threadIdx.x;
@@ -1108,8 +1152,10 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
     }
 }
 
+// The fp32 sums, then one int32 count per 64-row query tile (the order of the adds).
 int64_t attention_dq_accum_floats(const AttentionShape& sh) {
-    return (int64_t)sh.batch * sh.n_heads * ((sh.seq + hopper::BQ - 1) / hopper::BQ) * hopper::BQ * hopper::HD;
+    const int64_t tiles = (int64_t)sh.batch * sh.n_heads * ((sh.seq + hopper::BQ - 1) / hopper::BQ);
+    return tiles * hopper::BQ * hopper::HD + tiles;
 }
 
 // =============================================================================================

@@ -201,8 +201,8 @@ struct AttentionBackwardArgs {
     float* delta;  // [B, Hq, S]: rowsum(dout * out), computed here unless out is nullptr
     bool accumulate_dkv = false;  // dk, dv += this call's (Untied Ulysses sums a KV group's chunks)
     // Fused backward (--attention fused): attention_dq_accum_floats(shape) floats of fp32 workspace.
-    // Given, the fast kernels add dQ inside the dK/dV kernel (5 products instead of 7; dQ not
-    // bit-reproducible); nullptr, they run the deterministic dK/dV and dQ kernels.
+    // Given, the fast kernels add dQ inside the dK/dV kernel (5 products instead of 7; the adds go
+    // in a fixed order, so still bit-reproducible); nullptr, they run the dK/dV and dQ kernels.
     float* dq_accum = nullptr;
 };
 int64_t attention_dq_accum_floats(const AttentionShape& sh);  // the fused backward's workspace

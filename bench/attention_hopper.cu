@@ -172,14 +172,21 @@ static int run(bool bench, const std::vector<int64_t>& seqs) {
             AttentionBackwardArgs fb = bargs(b, Hq, Hkv, true);
             fb.dq_accum = acc;
             const float fused = time_ms([&] { attention_backward_hopper(fb, sh, 0); });
+            // Bit-reproducible? The last timed run's dQ against one more run's.
+            std::vector<bf16> dq_1(b.T * b.ld), dq_2(b.T * b.ld);
+            CUDA_CHECK(cudaMemcpy(dq_1.data(), b.dqkv_b, b.T * b.ld * 2, cudaMemcpyDeviceToHost));
+            attention_backward_hopper(fb, sh, 0);
+            CUDA_CHECK(cudaMemcpy(dq_2.data(), b.dqkv_b, b.T * b.ld * 2, cudaMemcpyDeviceToHost));
+            const bool same = memcmp(dq_1.data(), dq_2.data(), dq_1.size() * 2) == 0;
             const float fused_kernel = time_ms([&] { attention_backward_hopper(fb, sh, 0, 1); });
             CUDA_CHECK(cudaFree(acc));
             printf("%s %6lld  fwd %8.3f ms %6.1f TF/s  bwd %8.3f ms %6.1f TF/s  (dK/dV %.3f ms %.1f TF/s "
                    "of its 4 products, dQ %.3f ms %.1f of its 3)\n",
                    shape ? "8B 32/8" : "3B 24/8", (long long)S, fwd, flops / fwd / 1e9, bwd,
                    2.5 * flops / bwd / 1e9, dkdv, 2.0 * flops / dkdv / 1e9, dq, 1.5 * flops / dq / 1e9);
-            printf("               fused bwd %8.3f ms %6.1f TF/s  (its dK/dV/dQ kernel and clearing %.3f ms)\n", fused,
-                   2.5 * flops / fused / 1e9, fused_kernel);
+            printf("               fused bwd %8.3f ms %6.1f TF/s  (its dK/dV/dQ kernel and clearing %.3f ms)  "
+                   "two runs' gradients %s\n", fused, 2.5 * flops / fused / 1e9, fused_kernel,
+                   same ? "bitwise equal" : "DIFFER");
             fflush(stdout);
             release(b);
         }

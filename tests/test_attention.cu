@@ -3,8 +3,9 @@
 // fast ones the model uses on Hopper, head dim 128): GQA, head dims 64 and 128, sequence lengths
 // that are not multiples of the tiles, several sequences per call, q/k/v as column slices of one
 // fused QKV buffer (as the model uses them), poisoned outputs. The fast kernels' fused backward
-// (dQ added in fp32 inside the dK/dV kernel, --attention fused) runs the same cases. Then one
-// long sequence whose element offsets pass 2^31, checked on sampled rows and keys in float64.
+// (dQ added in fp32 inside the dK/dV kernel, --attention fused) runs the same cases. Every
+// backward gives the same bits twice. Then one long sequence whose element offsets pass 2^31,
+// checked on sampled rows and keys in float64.
 #include <algorithm>
 #include <cmath>
 
@@ -145,6 +146,58 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCases,
                              Case{1, 1000, 8, 2, 128},    // many tiles, ragged tail
                          })));
 
+// One sequence whose q, k, v are the first columns of a fused [S][ld] buffer: the forward, and
+// the backward's arguments (the fused backward's workspace left to the caller).
+AttentionBackwardArgs forward_one_sequence(const AttentionShape& sh, int64_t ld, bf16* qkv, bf16* out, bf16* dout,
+                                           bf16* dqkv, float* lse, float* delta) {
+    const int64_t qd = (int64_t)sh.n_heads * sh.head_dim, kd = (int64_t)sh.n_kv_heads * sh.head_dim;
+    AttentionForwardArgs fa{qkv, qkv + qd, qkv + qd + kd, ld, ld, ld, out, qd, lse};
+    attention_forward(fa, sh, 0);
+    return {qkv, qkv + qd, qkv + qd + kd, out, dout, ld, ld, ld, qd, qd, lse, dqkv, dqkv + qd, dqkv + qd + kd, ld, ld, ld, delta};
+}
+
+// Every backward is bit-reproducible: the same inputs give the same bits, run after run. The fused
+// backward's dQ is summed by the copy engine from many blocks; without its fixed order of adds
+// (by key tile) two runs differed in their last bits at this shape on an H200 (3B heads, 16K
+// tokens: 1024 blocks, about eight waves). Inputs drawn on the device.
+class AttentionRepeat : public ::testing::TestWithParam<bool> {};
+
+TEST_P(AttentionRepeat, BackwardGivesTheSameBitsTwice) {
+    REQUIRE_GPU();
+    const bool fused = GetParam();
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(std::string(fused ? "fused" : "fast") + " seed " + std::to_string(seed));
+    const int64_t S = 16384 + 37;
+    const int Hq = 24, Hkv = 8, d = 128;
+    const int64_t qd = Hq * d, kd = Hkv * d, ld = qd + 2 * kd;
+    DeviceBuffer<bf16> qkv(S * ld), out(S * qd), dout(S * qd), dqkv(S * ld);
+    DeviceBuffer<float> lse(Hq * S), delta(Hq * S), scratch(S * ld);
+    init_normal(scratch, S * ld, 1.0f, seed, 0);
+    convert_f32_to_bf16(qkv, scratch, S * ld, 0);
+    init_normal(scratch, S * qd, 1.0f, seed + 1, 0);
+    convert_f32_to_bf16(dout, scratch, S * qd, 0);
+    AttentionShape sh{1, S, Hq, Hkv, d};
+    KernelChoice choice(false, sh);
+    AttentionBackwardArgs ba = forward_one_sequence(sh, ld, qkv, out, dout, dqkv, lse, delta);
+    DeviceBuffer<float> dq_accum(fused ? attention_dq_accum_floats(sh) : 0);
+    if (fused) ba.dq_accum = dq_accum;
+    std::vector<std::vector<bf16>> runs;
+    for (int r = 0; r < 3; r++) {
+        poison(dqkv.ptr, dqkv.n);
+        attention_backward(ba, sh, 0);
+        runs.emplace_back(S * ld);
+        CUDA_CHECK(cudaMemcpy(runs.back().data(), dqkv.ptr, S * ld * 2, cudaMemcpyDeviceToHost));
+    }
+    for (int r = 1; r < 3; r++) {
+        int64_t differ = 0;
+        for (int64_t i = 0; i < S * ld; i++) differ += memcmp(&runs[r][i], &runs[0][i], 2) != 0;
+        EXPECT_EQ(differ, 0) << "run " << r << " differs from run 0 in " << differ << " of " << S * ld << " gradients";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AttentionRepeat, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "fused" : "fast"; });
+
 // Head counts that do not form GQA groups are refused (exit code 2) by both kernel sets, not
 // run with a wrong group size.
 TEST(AttentionShapes, BadHeadCountsAreUsageErrors) {
@@ -211,10 +264,7 @@ TEST_P(AttentionLong, SampledRowsAndKeysMatchFloat64) {
     poison(out.ptr, out.n), poison(lse.ptr, lse.n), poison(dqkv.ptr, dqkv.n);
     AttentionShape sh{1, S, Hq, Hkv, d};
     KernelChoice choice(reference, sh);
-    AttentionForwardArgs fa{qkv, qkv + qd, qkv + qd + kd, ld, ld, ld, out, qd, lse};
-    attention_forward(fa, sh, 0);
-    AttentionBackwardArgs ba{qkv, qkv + qd, qkv + qd + kd, out, dout, ld, ld, ld, qd, qd,
-                             lse, dqkv, dqkv + qd, dqkv + qd + kd, ld, ld, ld, delta};
+    AttentionBackwardArgs ba = forward_one_sequence(sh, ld, qkv, out, dout, dqkv, lse, delta);
     DeviceBuffer<float> dq_accum(fused ? attention_dq_accum_floats(sh) : 0);
     if (fused) ba.dq_accum = dq_accum;
     attention_backward(ba, sh, 0);

@@ -169,7 +169,7 @@ Expected expected_memory(const LlamaConfig& c, const StepOptions& o, double T) {
     Expected e;
     e.attention = (keep_att ? L : 1) * T * 2 * QKV + (keep_out ? (o.offload ? 2 : L) : 1) * T * (2 * QD + 4 * Hq) +
                   T * (2 * QKV + 2 * QD + 4 * Hq)   // dqkv, datt, delta
-                  + (o.fused_attention ? std::ceil(T / 64) * 64 * 4 * QD : 0);  // fp32 dQ sums
+                  + (o.fused_attention ? std::ceil(T / 64) * (64 * 4 * QD + 4 * Hq) : 0);  // fp32 dQ sums, counts
     e.other = (o.offload ? 2 : L + 1) * T * 2 * D       // block inputs (all, or two staging slots)
               + (keep_att ? L * T : C) * 2 * D          // x_mid
               + (keep_mlp ? L : 1) * C * (2 * (2 * D + 3 * F) + 8)  // xn1, xn2, h13, act, rstd

@@ -2,7 +2,8 @@
 // step: the same loss and the same gradient of every parameter, and the same loss curve over a
 // few optimizer steps. Checkpointing and offload recompute with the same kernels on the same
 // inputs, so they must agree bit for bit; chunking changes GEMM shapes and summation order, so
-// it agrees within rounding, as does the fused attention backward (dQ summed in fp32 in any order).
+// it agrees within rounding, as does the fused attention backward (dQ summed in fp32 in another
+// order than the dQ kernel's).
 #include <cmath>
 #include <cstdio>
 
@@ -122,7 +123,7 @@ TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
             EXPECT_TRUE(r.grads == plain.grads) << "gradients differ: rel error " << grad_err;
             EXPECT_EQ(r.curve, plain.curve);
         } else {  // other GEMM shapes and summation order (untied: per-chunk sums in bf16; fused: dQ's
-                  // fp32 sums in any order): rounding only
+                  // fp32 sums by key tile): rounding only
             EXPECT_LT(std::fabs(r.loss - plain.loss) / plain.loss, 1e-3);
             EXPECT_LT(grad_err, 1e-2);
             EXPECT_LT(curve_err, 1e-2);
