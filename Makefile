@@ -24,7 +24,7 @@ TEST_BINS := build/tests/test_reference build/tests/test_cli build/tests/test_ke
              build/tests/test_files build/tests/test_hf
 TEST_COMMON := build/tests/test_main.o build/tests/reference.o
 
-all: train $(TEST_BINS) build/bench_attention build/bench_attention_hopper
+all: train $(TEST_BINS) build/bench_attention build/bench_attention_hopper build/schedule_sim
 
 build/%.o: %.cu $(HEADERS) | build
 	$(NVCC) $(NVFLAGS) -c $< -o $@
@@ -55,6 +55,10 @@ build/bench_%: build/bench/%.o build/train_lib.o $(LIB_OBJS)
 
 build/bench/%.o: bench/%.cu $(HEADERS) | build
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# A model of the dK/dV kernel's block schedule (CPU only; see its header).
+build/schedule_sim: bench/schedule_sim.cpp | build
+	$(CXX) $(CXXFLAGS) $< -o $@
 
 build:
 	mkdir -p build/tests build/bench

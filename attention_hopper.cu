@@ -69,9 +69,10 @@
 // launch each): both dK/dV kernels hit L2 on only 33-40% of their sectors at 512K and 1M, so Q
 // and dO mostly come from DRAM; the fused one also reads and writes its fp32 sums there, 151 TB
 // of DRAM traffic at 1M in 45 s (3.35 TB/s), and runs at 373 TFLOP/s there against 534 at
-// 512K (the deterministic backward: 428 and 433). Our reading, not yet measured: the blocks of
-// one KV head that run at once start in step, then drift apart wave after wave (their lengths
-// differ), until they read different query tiles.
+// 512K (the deterministic backward: 428 and 433). Our reading (bench/schedule_sim.cpp, a
+// model, not yet measured): the blocks of one KV head walk the same query tiles and start in
+// step, but live 3 (n_qt - 2 kt) steps, and small differences in speed take them apart over
+// that time, until they no longer read a tile while L2 still holds it.
 //
 // Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
