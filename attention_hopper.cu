@@ -253,8 +253,9 @@ __device__ inline void bulk_reduce_add(float* global, uint32_t shared, uint32_t 
 // Wait until this thread's bulk groups have completed.
 __device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // The fused backward's ordered adds: wait until a count in global memory equals `value` (acquire),
-// and set it (release). The proxy fences order the copy engine's adds (async proxy) after the
-// acquire and before the release (generic proxy).
+// and set it (release). The fence after the acquire orders the copy engine's adds (async proxy)
+// after it. Before the release, the adds' completion (cp.async.bulk.wait_group 0) already implies
+// a generic-async proxy fence (PTX ISA, "Async proxy"); the explicit one is belt and braces.
 __device__ inline void wait_count(const int* count, int value) {
     int seen;
     for (;;) {
