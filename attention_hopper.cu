@@ -8,14 +8,14 @@
 //  * wgmma: a warpgroup (4 warps, 128 threads) issues one 64 x N x 16 product at a time,
 //    asynchronously, with both operands read by the tensor cores straight from shared memory
 //    (or the left one from registers). No ldmatrix, no per-warp fragments of B.
-//  * TMA: tiles are copied global -> shared by the copy engine (cp.async.bulk.tensor), one
+//  * TMA: tiles are copied global -> shared by the TMA unit (cp.async.bulk.tensor), one
 //    instruction per [rows x 64 columns] box, already in the 128-byte swizzled layout the wgmma
 //    descriptors read. Rows past the end of a sequence come back as zeros (a 3-D tensor map
 //    [batch][seq][columns]), so there is no bounds code in the loads.
 //  * Warp specialization: warpgroup 0 is the producer (one thread issues the copies, gives
 //    most of its registers to the others with setmaxnreg); warpgroups 1 and 2 compute, each on
 //    its 64 rows. Stages of a shared-memory ring are handed over with mbarriers: "full" when
-//    the copy engine has written them, "empty" when both consumers are done with them. In the
+//    the TMA unit has written them, "empty" when both consumers are done with them. In the
 //    forward, the dQ kernel and the deterministic dK/dV kernel the two consumers take turns
 //    issuing products, so that one's elementwise work (softmax; dS) runs while the other's
 //    products do (FlashAttention-3's "ping-pong").
@@ -51,7 +51,7 @@
 //   S and dP are computed in both kernels (7 products where 5 are counted): the price of no
 //   atomics, and of no fp32 dQ accumulator (4 bytes per element of dQ) beside the bf16 tensors.
 // Fused backward (--attention fused, an fp32 dQ workspace given): the dK/dV kernel also
-//   computes dQ = dS K per step and has the copy engine add it to the workspace (see the kernel);
+//   computes dQ = dS K per step and has the TMA unit add it to the workspace (see the kernel);
 //   5 products, faster from 16K tokens, 4 bytes per dQ element. Its adds to each query tile go in
 //   a fixed order (by key tile), so it too is bit-reproducible.
 //
@@ -71,8 +71,8 @@
 // of DRAM traffic at 1M in 45 s (3.35 TB/s), and runs at 373 TFLOP/s there against 534 at
 // 512K (the deterministic backward: 428 and 433). Our reading (bench/schedule_sim.cpp, a
 // model, not yet measured): the blocks of one KV head walk the same query tiles and start in
-// step, but live 3 (n_qt - 2 kt) steps, and small differences in speed take them apart over
-// that time, until they no longer read a tile while L2 still holds it.
+// step, but live group x (n_qt - 2 kt) steps, and small differences in speed take them apart
+// over that time, until they no longer read a tile while L2 still holds it.
 //
 // Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
@@ -244,7 +244,7 @@ struct Turns {
 
 // Shared-memory writes of this thread become visible to the async proxy (wgmma, bulk copies).
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// global[0..bytes) += shared[0..bytes), fp32, by the copy engine (one bulk group per call).
+// global[0..bytes) += shared[0..bytes), fp32, by the TMA unit (one bulk group per call).
 __device__ inline void bulk_reduce_add(float* global, uint32_t shared, uint32_t bytes) {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
                  "cp.async.bulk.commit_group;\n" ::"l"(global), "r"(shared), "r"(bytes)
@@ -253,7 +253,7 @@ __device__ inline void bulk_reduce_add(float* global, uint32_t shared, uint32_t 
 // Wait until this thread's bulk groups have completed.
 __device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // The fused backward's ordered adds: wait until a count in global memory equals `value` (acquire),
-// and set it (release). The fence after the acquire orders the copy engine's adds (async proxy)
+// and set it (release). The fence after the acquire orders the TMA unit's adds (async proxy)
 // after it. Before the release, the adds' completion (cp.async.bulk.wait_group 0) already implies
 // a generic-async proxy fence (PTX ISA, "Async proxy"); the explicit one is belt and braces.
 __device__ inline void wait_count(const int* count, int value) {
@@ -579,7 +579,7 @@ constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per
 //      dS K[:, 64c..] over all 128 keys (m64n64k16, dS read MN-major from that tile, K
 //      MN-major), then dK += dS^T Q;
 //   3. when dQ's part is done (dK still running) it goes to the consumer's shared fp32 tile, and
-//      an mbarrier tells warp 1 of the producer warpgroup, which has the copy engine add it to
+//      an mbarrier tells warp 1 of the producer warpgroup, which has the TMA unit add it to
 //      global memory (cp.reduce.async.bulk .add.f32) and frees the tile when it has been read.
 // dq_convert_kernel then scales and rounds the sums to bf16. The adds to a query tile go in
 // ascending key tile order (counts beside the sums, see warp 1), so the sums, and dQ, are
@@ -589,8 +589,9 @@ constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per
 // Measured on an H200 against the same kernel adding in any order (tuning bench, one device
 // call, two rounds): 471-487 against 519-523 TFLOP/s at 16K, 518-521 against 527-531 at 64K,
 // 527 against 537-539 at 128K; at 1M both are bound by memory (373-376, see the header).
-// Measured on an H200 (build/bench_attention_hopper --bench, 3B and 8B shapes, 16K and 64K):
-// 490-509 TFLOP/s for the whole backward, against 337-350 for the deterministic kernels. The
+// Measured on an H200 when its adds went in any order (build/bench_attention_hopper --bench, 3B
+// and 8B shapes, 16K and 64K, commit 2657aab): 490-509 TFLOP/s for the whole backward, against
+// 337-350 for the deterministic kernels then. The
 // first version, where each consumer issued the adds itself after dK (two named barriers per
 // step around its shared tile, nothing of its own running meanwhile), reached 434-440.
 constexpr int DQ_ACC_TILE = BQ * 64 * 4;  // bytes of one consumer's 64 x 64 fp32 part of a step's dQ
@@ -658,16 +659,18 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     if (threadIdx.x < 128) {  // producer: warp 0 (lane 0 the copies, every lane lse and delta)
         setmaxnreg_dec<PRODUCER_REGS>();
-        if (FUSED_DQ && threadIdx.x == 32) {  // warp 1: the copy engine adds each stored dQ part
+        if (FUSED_DQ && threadIdx.x == 32) {  // warp 1: the TMA unit adds each stored dQ part
             // In a fixed order, so that dQ is bit-reproducible: the adds to one 64-row query
             // tile's sums go by ascending key tile. Each query tile has a count, after the sums in
             // the same workspace (cleared with them); this block waits until it equals its key
             // tile, adds, waits until its adds are performed, and counts on. No deadlock: the
             // block waited for (the key tile before, same batch and heads) is earlier in the grid,
             // and blocks start in grid order, so it is running or done, and it waits only for
-            // blocks earlier still. (Descending order would deadlock: the first blocks would wait
-            // for blocks that cannot start until they finish. FlashAttention's deterministic
-            // backward orders its dQ adds with a semaphore the same way.)
+            // blocks earlier still. (Blocks starting in grid order is how the hardware behaves,
+            // not a documented CUDA guarantee; FlashAttention-3's deterministic backward relies on
+            // it too, with a per-tile semaphore and its own block order. With this grid order,
+            // descending key tiles would deadlock: the first blocks would wait for blocks that
+            // cannot start until they finish.)
             int* counts = (int*)(p.dq_accum + (int64_t)p.batch * p.n_heads * n_qt * (BQ * HD));
             uint32_t parity = 0;
             for (int i = 0; i < p.group; i++) {

@@ -4,23 +4,31 @@
 //      tile before them to have added a query tile);
 //   2. whether the blocks of one KV head, which walk the same query tiles, still read them at
 //      about the same time (so from L2) after many waves of blocks.
-// The model: SMS SMs, one block each; blocks start in grid order (key tile major, then KV head)
-// as SMs free up; a block walks (query head of its group, query tile) from its diagonal on, one
-// time unit per tile at its own speed (normal around 1, SIGMA); a read hits L2 if the same tile
-// was read at most WINDOW units before (L2 holds about 12 steps of the whole GPU's Q and dO
-// tiles: 50 MB / (132 x 32 KB)). Rules (--rule):
+// The model: 132 SMs, one block each; blocks start in grid order as SMs free up, the grid either
+// key tile major (then KV head; the kernel's order) or KV head major (as the forward's); a block
+// walks (query head of its group, query tile) from its diagonal on, one time unit per tile at its
+// own speed (normal around 1, SIGMA); L2 is an LRU list of L2_TILES tiles (a step's Q and dO
+// tiles count as one, 32 KB: 1600 of them fill 50 MB). Rules (RULE):
 //   any       no waiting (the deterministic dK/dV kernel, and the fused one before 3c2c11c)
 //   ordered   a block reads a tile only after the block of the key tile before (same KV head), if
 //             running, has passed it (the fused kernel's ordered adds, 3c2c11c)
 //   in-step   ordered, and a block does not go more than IN_STEP tiles ahead of the block of the
-//             next key tile while that one runs in the same query head (wip/in_step.patch)
+//             next key tile while that one runs in the same query head (an experiment, not in
+//             the kernel)
 //   make build/schedule_sim (part of make all)
-//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [WINDOW=12]
+//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [kt|kv] [L2_TILES=1600]
 // Prints the time against the ideal (total work / SMs) and the L2 hit rate of the reads.
-// What it said (2026-11-30), 3B shape (8 KV heads, groups of 3), sigma 1%: the ordered adds cost
-// 12% at 16K and 3% at 64K (measured on an H200: 7-9% and 2%); one KV head per GPU (Ulysses over
-// eight GPUs): 28% at 64K, 13% at 128K (not measured). L2 hits: 92% at 16K, 87% at 64K, 35% at
-// 256K without in-step (measured at 512K and 1M: 33-40%), 94% at 256K with it.
+// Where it is cruder than the kernel: it waits before a tile's read, where the fused kernel waits
+// only at the add, with a stored dQ part and three stages of slack, so its ordering cost is
+// pessimistic; its L2 holds Q and dO only (the fused kernel's fp32 sums, 32 KB per step, go
+// through L2 too); its hit rate counts Q/dO reads only, Nsight Compute's counts every sector.
+// What it said (2026-11-30), 3B shape (8 KV heads, groups of 3), sigma 1%, key tile major:
+//   ordered adds: 12% at 16K, 3% at 64K (measured on an H200: 7-11% and 1-3%); with one KV head
+//   per GPU (Ulysses over eight GPUs) 28% at 64K, 13% at 128K (not measured);
+//   L2 hits, any: 93.5% at 16K, 93.8% at 64K, 41.6% at 256K, 14.1% at 512K (Nsight Compute at
+//   512K and 1M: 33-40% of all sectors); ordered: 38.2% at 256K; in-step: 93.9% at 256K for
+//   1.5% more time than ordered; KV head major, any: 99.2% at 64K-512K at no cost in time
+//   (ordered: 20% slower at 64K).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -37,9 +45,30 @@ struct Block {
     bool waiting = false;
 };
 
+// L2 as one LRU list of tiles (a step's Q and dO tiles count as one, 32 KB), `capacity` of them.
+struct Lru {
+    std::vector<int64_t> prev, next;
+    std::vector<char> held;
+    int64_t head = -1, tail = -1, size = 0, capacity;
+    Lru(int64_t tiles, int64_t capacity) : prev(tiles, -1), next(tiles, -1), held(tiles, 0), capacity(capacity) {}
+    void unlink(int64_t t) {
+        (prev[t] >= 0 ? next[prev[t]] : head) = next[t];
+        (next[t] >= 0 ? prev[next[t]] : tail) = prev[t];
+    }
+    bool read(int64_t t) {  // true: a hit; the tile becomes the most recent either way
+        const bool hit = held[t];
+        if (hit) unlink(t);
+        else if (++size > capacity) held[tail] = 0, unlink(tail), size--;
+        held[t] = 1, prev[t] = -1, next[t] = head;
+        (head >= 0 ? prev[head] : tail) = t;
+        head = t;
+        return hit;
+    }
+};
+
 int main(int argc, char** argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: schedule_sim SEQ [KV_HEADS] [GROUP] [any|ordered|in-step] [SIGMA] [IN_STEP] [WINDOW]\n");
+        fprintf(stderr, "usage: schedule_sim SEQ [KV_HEADS] [GROUP] [any|ordered|in-step] [SIGMA] [IN_STEP] [kt|kv] [L2_TILES]\n");
         return 2;
     }
     const int64_t seq = atoll(argv[1]);
@@ -47,14 +76,19 @@ int main(int argc, char** argv) {
     const char* rule = argc > 4 ? argv[4] : "any";
     const double sigma = argc > 5 ? atof(argv[5]) : 0.01;
     const int64_t in_step = argc > 6 ? atoll(argv[6]) : 6;
-    const double window = argc > 7 ? atof(argv[7]) : 12;
+    const bool kv_major = argc > 7 && strcmp(argv[7], "kv") == 0;
+    const int64_t l2_tiles = argc > 8 ? atoll(argv[8]) : 1600;
     const bool ordered = strcmp(rule, "any") != 0, stepped = strcmp(rule, "in-step") == 0;
     const int SMS = 132;
+    if (seq < 128 || seq % 128 != 0 || kv_heads < 1 || group < 1 || l2_tiles < 1 || sigma < 0 || in_step < 0) {
+        fprintf(stderr, "schedule_sim: SEQ must be a positive multiple of 128, the counts and L2_TILES positive\n");
+        return 2;
+    }
     const int64_t n_qt = seq / 64, n_kt = seq / 128, n_blocks = n_kt * kv_heads;
 
     std::vector<Block> sm(SMS);
     std::vector<int> on_sm(n_blocks, -1);  // the SM a block runs on; -1 not started or done
-    std::vector<double> last_read((size_t)kv_heads * group * n_qt, -1e18);
+    Lru l2((int64_t)kv_heads * group * n_qt, l2_tiles);
     std::mt19937_64 rng(1);
     std::normal_distribution<double> speed(1.0, sigma);
     using Event = std::pair<double, int>;  // (time the SM's current tile is done, SM)
@@ -89,9 +123,12 @@ int main(int argc, char** argv) {
         Block& b = sm[s];
         b.id = -1;
         if (next_block >= n_blocks) return;
-        b.id = next_block++, b.kt = b.id / kv_heads, b.kv = (int)(b.id % kv_heads), b.head = 0, b.qt = 2 * b.kt;
+        b.id = next_block++, b.head = 0;
+        if (kv_major) b.kv = (int)(b.id / n_kt), b.kt = b.id % n_kt;
+        else b.kv = (int)(b.id % kv_heads), b.kt = b.id / kv_heads;
+        b.qt = 2 * b.kt;
         b.speed = std::max(0.5, speed(rng));
-        on_sm[b.id] = s;
+        on_sm[b.kt * kv_heads + b.kv] = s;
         try_go(s, t);
         wake_neighbours(b, t);
     };
@@ -102,11 +139,10 @@ int main(int argc, char** argv) {
         const auto [t, s] = events.top();
         events.pop();
         Block& b = sm[s];
-        double& last = last_read[((size_t)b.kv * group + b.head) * n_qt + b.qt];
-        reads++, hits += t - last <= window, last = t, end = t;
+        reads++, hits += l2.read(((int64_t)b.kv * group + b.head) * n_qt + b.qt), end = t;
         if (++b.qt == n_qt && ++b.head < group) b.qt = 2 * b.kt;
         if (b.head == group) {  // done: the next block in the grid takes the SM
-            on_sm[b.id] = -1;
+            on_sm[b.kt * kv_heads + b.kv] = -1;
             const Block done = b;
             start(s, t);
             wake_neighbours(done, t);
@@ -118,8 +154,9 @@ int main(int argc, char** argv) {
     int stuck = 0;
     for (const Block& b : sm) stuck += b.id >= 0;
     const double ideal = (double)reads / SMS;
-    printf("seq %lld, %d KV heads x %d, rule %s, sigma %.3f%s: time %.0f, %.3f x ideal; L2 hits %.1f%%%s\n",
-           (long long)seq, kv_heads, group, rule, sigma, stepped ? (", in-step " + std::to_string(in_step)).c_str() : "",
+    printf("seq %lld, %d KV heads x %d, %s-major grid, rule %s, sigma %.3f%s, L2 %lld tiles: time %.0f, %.3f x ideal; "
+           "L2 hits %.1f%%%s\n", (long long)seq, kv_heads, group, kv_major ? "kv" : "kt", rule, sigma,
+           stepped ? (", in-step " + std::to_string(in_step)).c_str() : "", (long long)l2_tiles,
            end, end / ideal, 100.0 * hits / reads, stuck ? "  (DEADLOCK)" : "");
     return stuck ? 1 : 0;
 }

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test binary given, shows their output, and ends with one line:
 #   N passed, N failed, N skipped
-# Exit status: 0 only if every binary ran and no test failed.
+# Exit status: 0 only if every binary ran and no test failed. A binary that runs longer than
+# TEST_TIMEOUT seconds (default 3600) is stopped and counted as failed (a hang is a failure).
 set -u
 passed=0; failed=0; skipped=0; status=0
 for bin in "$@"; do
     echo "=== $bin"
-    out=$("$bin" 2>&1); rc=$?
+    out=$(timeout "${TEST_TIMEOUT:-3600}" "$bin" 2>&1); rc=$?
+    [ "$rc" -eq 124 ] && echo "!!! $bin stopped after ${TEST_TIMEOUT:-3600} s"
     echo "$out" | grep -v '^TESTCOUNTS '
     line=$(echo "$out" | grep '^TESTCOUNTS ' | tail -n 1)
     if [ -z "$line" ]; then
