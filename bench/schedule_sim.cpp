@@ -16,7 +16,7 @@
 //             next key tile while that one runs in the same query head (an experiment, not in
 //             the kernel)
 //   make build/schedule_sim (part of make all)
-//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [kt|kv] [L2_TILES=1600]
+//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [kt|kv] [L2_TILES=1600] [heads|tiles]
 // Prints the time against the ideal (total work / SMs) and the L2 hit rate of the reads.
 // Where it is cruder than the kernel: it waits before a tile's read, where the fused kernel waits
 // only at the add, with a stored dQ part and three stages of slack, so its ordering cost is
@@ -29,6 +29,9 @@
 //   512K and 1M: 33-40% of all sectors); ordered: 38.2% at 256K; in-step: 93.9% at 256K for
 //   1.5% more time than ordered; KV head major, any: 99.2% at 64K-512K at no cost in time
 //   (ordered: 20% slower at 64K).
+//   Walking by tiles (WALK = tiles) instead of by heads: ordered adds cost 1.6% at 16K and 1.0%
+//   at 64K (one KV head per GPU: 4.1% at 64K); with KV head major, 99% hits at 16K-256K for
+//   6% / 1.9% / 1.8% at 16K / 64K / 256K.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -68,7 +71,7 @@ struct Lru {
 
 int main(int argc, char** argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: schedule_sim SEQ [KV_HEADS] [GROUP] [any|ordered|in-step] [SIGMA] [IN_STEP] [kt|kv] [L2_TILES]\n");
+        fprintf(stderr, "usage: schedule_sim SEQ [KV_HEADS] [GROUP] [any|ordered|in-step] [SIGMA] [IN_STEP] [kt|kv] [L2_TILES] [heads|tiles]\n");
         return 2;
     }
     const int64_t seq = atoll(argv[1]);
@@ -78,6 +81,9 @@ int main(int argc, char** argv) {
     const int64_t in_step = argc > 6 ? atoll(argv[6]) : 6;
     const bool kv_major = argc > 7 && strcmp(argv[7], "kv") == 0;
     const int64_t l2_tiles = argc > 8 ? atoll(argv[8]) : 1600;
+    // WALK: heads = each query head's tiles from the diagonal up, head after head (the kernel's);
+    // tiles = from the last query tile down to the diagonal, all heads of a tile in turn.
+    const bool by_tiles = argc > 9 && strcmp(argv[9], "tiles") == 0;
     const bool ordered = strcmp(rule, "any") != 0, stepped = strcmp(rule, "in-step") == 0;
     const int SMS = 132;
     if (seq < 128 || seq % 128 != 0 || kv_heads < 1 || group < 1 || l2_tiles < 1 || sigma < 0 || in_step < 0) {
@@ -95,7 +101,7 @@ int main(int argc, char** argv) {
     std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
     int64_t next_block = 0, reads = 0, hits = 0;
 
-    auto position = [&](const Block& b) { return b.head * n_qt + b.qt; };
+    auto position = [&](const Block& b) { return by_tiles ? (n_qt - 1 - b.qt) * group + b.head : b.head * n_qt + b.qt; };
     auto neighbour = [&](const Block& b, int64_t dk) -> const Block* {
         const int64_t kt = b.kt + dk;
         if (kt < 0 || kt >= n_kt) return nullptr;
@@ -106,7 +112,7 @@ int main(int argc, char** argv) {
         const Block* before = neighbour(b, -1);
         if (ordered && before && position(*before) <= position(b)) return true;
         const Block* after = neighbour(b, +1);
-        return stepped && after && after->head == b.head && position(*after) < position(b) - in_step;
+        return stepped && after && (by_tiles || after->head == b.head) && position(*after) < position(b) - in_step;
     };
     auto try_go = [&](int s, double t) {
         Block& b = sm[s];
@@ -126,7 +132,7 @@ int main(int argc, char** argv) {
         b.id = next_block++, b.head = 0;
         if (kv_major) b.kv = (int)(b.id / n_kt), b.kt = b.id % n_kt;
         else b.kv = (int)(b.id % kv_heads), b.kt = b.id / kv_heads;
-        b.qt = 2 * b.kt;
+        b.qt = by_tiles ? n_qt - 1 : 2 * b.kt;
         b.speed = std::max(0.5, speed(rng));
         on_sm[b.kt * kv_heads + b.kv] = s;
         try_go(s, t);
@@ -140,8 +146,15 @@ int main(int argc, char** argv) {
         events.pop();
         Block& b = sm[s];
         reads++, hits += l2.read(((int64_t)b.kv * group + b.head) * n_qt + b.qt), end = t;
-        if (++b.qt == n_qt && ++b.head < group) b.qt = 2 * b.kt;
-        if (b.head == group) {  // done: the next block in the grid takes the SM
+        bool done;
+        if (by_tiles) {
+            if (++b.head == group) b.head = 0, b.qt--;
+            done = b.qt < 2 * b.kt;
+        } else {
+            if (++b.qt == n_qt && ++b.head < group) b.qt = 2 * b.kt;
+            done = b.head == group;
+        }
+        if (done) {  // the next block in the grid takes the SM
             on_sm[b.kt * kv_heads + b.kv] = -1;
             const Block done = b;
             start(s, t);
@@ -154,8 +167,8 @@ int main(int argc, char** argv) {
     int stuck = 0;
     for (const Block& b : sm) stuck += b.id >= 0;
     const double ideal = (double)reads / SMS;
-    printf("seq %lld, %d KV heads x %d, %s-major grid, rule %s, sigma %.3f%s, L2 %lld tiles: time %.0f, %.3f x ideal; "
-           "L2 hits %.1f%%%s\n", (long long)seq, kv_heads, group, kv_major ? "kv" : "kt", rule, sigma,
+    printf("seq %lld, %d KV heads x %d, %s-major grid%s, rule %s, sigma %.3f%s, L2 %lld tiles: time %.0f, %.3f x ideal; "
+           "L2 hits %.1f%%%s\n", (long long)seq, kv_heads, group, kv_major ? "kv" : "kt", by_tiles ? " (tiles walk)" : "", rule, sigma,
            stepped ? (", in-step " + std::to_string(in_step)).c_str() : "", (long long)l2_tiles,
            end, end / ideal, 100.0 * hits / reads, stuck ? "  (DEADLOCK)" : "");
     return stuck ? 1 : 0;
