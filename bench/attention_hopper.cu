@@ -172,12 +172,12 @@ static int run(bool bench, const std::vector<int64_t>& seqs) {
             AttentionBackwardArgs fb = bargs(b, Hq, Hkv, true);
             fb.dq_accum = acc;
             const float fused = time_ms([&] { attention_backward_hopper(fb, sh, 0); });
-            // Bit-reproducible? The last timed run's dQ against one more run's.
-            std::vector<bf16> dq_1(b.T * b.ld), dq_2(b.T * b.ld);
-            CUDA_CHECK(cudaMemcpy(dq_1.data(), b.dqkv_b, b.T * b.ld * 2, cudaMemcpyDeviceToHost));
+            // Bit-reproducible? The last timed run's gradients (dq, dk, dv) against one more run's.
+            std::vector<bf16> grads_1(b.T * b.ld), grads_2(b.T * b.ld);
+            CUDA_CHECK(cudaMemcpy(grads_1.data(), b.dqkv_b, b.T * b.ld * 2, cudaMemcpyDeviceToHost));
             attention_backward_hopper(fb, sh, 0);
-            CUDA_CHECK(cudaMemcpy(dq_2.data(), b.dqkv_b, b.T * b.ld * 2, cudaMemcpyDeviceToHost));
-            const bool same = memcmp(dq_1.data(), dq_2.data(), dq_1.size() * 2) == 0;
+            CUDA_CHECK(cudaMemcpy(grads_2.data(), b.dqkv_b, b.T * b.ld * 2, cudaMemcpyDeviceToHost));
+            const bool same = memcmp(grads_1.data(), grads_2.data(), grads_1.size() * 2) == 0;
             const float fused_kernel = time_ms([&] { attention_backward_hopper(fb, sh, 0, 1); });
             CUDA_CHECK(cudaFree(acc));
             printf("%s %6lld  fwd %8.3f ms %6.1f TF/s  bwd %8.3f ms %6.1f TF/s  (dK/dV %.3f ms %.1f TF/s "

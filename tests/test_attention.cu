@@ -157,7 +157,7 @@ AttentionBackwardArgs forward_one_sequence(const AttentionShape& sh, int64_t ld,
 }
 
 // Every backward is bit-reproducible: the same inputs give the same bits, run after run. The fused
-// backward's dQ is summed by the copy engine from many blocks; without its fixed order of adds
+// backward's dQ is summed by the TMA unit from many blocks; without its fixed order of adds
 // (by key tile) two runs differed in their last bits at this shape on an H200 (3B heads, 16K
 // tokens: 1032 dK/dV blocks, about eight waves). Inputs drawn on the device.
 class AttentionRepeat : public ::testing::TestWithParam<bool> {};
