@@ -26,8 +26,7 @@
 //    the fused dK/dV kernel's consumers compute a tile that lies wholly after their rows masked
 //    to zeros, since their turns or barriers need every step), mask arithmetic on diagonal
 //    tiles only, and longest-first block order (blocks with the most tiles to walk start first,
-//    so the last wave is short ones; in the forward within each KV head, whose blocks run
-//    together).
+//    so the last wave is short ones; within each KV head, whose blocks run together).
 //
 // Forward, one block per 128 query rows of one head (consumer c owns rows 64c..64c+63):
 //   S = Q K^T       wgmma m64n128k16, A = Q (shared), B = K tile (shared, K-major), 8 k-steps
@@ -57,23 +56,35 @@
 //
 // Speed on an H200 (build/bench_attention beside bench/attention_vs_torch.py, same device call,
 // both alternating forward and backward; results/attention_h200.json), causal, 8K-128K tokens,
-// the 3B (24/8 heads) and 8B (32/8) shapes, the commit that ordered the fused adds:
-//   forward         578-618 TFLOP/s   PyTorch flash 283-349, cuDNN 535-616, attention.cu 216-232
-//   backward        466-505 TFLOP/s   PyTorch flash 255-324, cuDNN 463-533, attention.cu 118-144
-//   fused backward  406-527 TFLOP/s   (484-527 from 16K)
-// The deterministic backward's two kernels run their own products at 620-650 (dK/dV) and
-// 670-710 (dQ) TFLOP/s (tuning bench); the gap to the fused one is the two recomputed products.
+// the 3B (24/8 heads) and 8B (32/8) shapes, the commit that walked the backward by KV heads:
+//   forward         575-623 TFLOP/s   PyTorch flash 280-353, cuDNN 523-618 (attention.cu, an
+//                                     earlier run: 216-232)
+//   backward        426-484 TFLOP/s   PyTorch flash 248-325, cuDNN 455-537 (attention.cu 118-144)
+//   fused backward  433-544 TFLOP/s   (509-544 from 16K: 0.98-1.02x cuDNN's)
+// The deterministic backward's two kernels run their own products at 640-670 (dK/dV) and
+// 690-720 (dQ) TFLOP/s (tuning bench); the gap to the fused one is the two recomputed products.
 // What most of the backward's gain over the previous version came from: masks evaluated on
 // edge tiles only, and descriptors built once per tile (see zero_outside and desc_bits).
-// Beyond 512K the fused backward is bound by memory (3B shape; Nsight Compute counters, one
-// launch each): both dK/dV kernels hit L2 on only 33-40% of their sectors at 512K and 1M, so Q
-// and dO mostly come from DRAM; the fused one also reads and writes its fp32 sums there, 151 TB
-// of DRAM traffic at 1M in 45 s (3.35 TB/s), and runs at 373 TFLOP/s there against 534 at
-// 512K (the deterministic backward: 428 and 433). Our reading (bench/schedule_sim.cpp, a
-// model, not yet measured): the blocks of one KV head walk the same query tiles and start in
-// step, but live group x (n_qt - 2 kt) steps, and small differences in speed take them apart
-// over that time, until they no longer read a tile while L2 still holds it.
-//
+// At 1M tokens (one run each, not checked against the reference here; the 1M test of
+// tests/test_attention.cu checks sampled rows and keys): forward 604-613, backward 482-483,
+// fused 541-553 TFLOP/s. The backward kernels take their blocks KV head by KV head, as the
+// forward does, for this: taken key tile by key tile (all KV heads of a key tile, then the next
+// tile), the blocks running at once walked 8 KV heads' query tiles, and those that walked the
+// same ones drifted apart over their long lives (group x (n_qt - 2 kt) steps, about 49,000 at
+// 1M), until L2 no longer held a tile between their reads (bench/schedule_sim.cpp models it).
+// Nsight Compute counted it then: both dK/dV kernels hit L2 on only 33-40% of their sectors at
+// 512K and 1M; the fused one moved 151 TB through DRAM at 1M in 45 s (3.35 TB/s), at 373-376
+// TFLOP/s against 534 at 512K (the deterministic backward: 428 and 433). KV head by KV head,
+// one KV head's blocks run together, so a tile one reads is read by the others while L2 has it
+// (our reading; not yet counted with Nsight Compute). At 1M, 3B, in one device call: fused 553
+// against 376, deterministic 483 against 432; at 16K-128K the same within 3% (fused 523-552
+// against 519-543, the dK/dV and dQ kernels' products 638-666 and 691-718 against 631-660 and
+// 678-721). At 8K it costs 12% (3B / 8B, one device call, two rounds: deterministic 449 / 418
+// against 507-510 / 447-455 TFLOP/s key tile by key tile, fused 441-460 / 436-439 against
+// 508-521 / 492-495): one KV head has 64 key tiles, half a wave of blocks, so the last wave holds
+// the last KV head's longest blocks. Not yet mended: the order by size (KV head by KV head from
+// 16K tokens, where both orders measured the same) is written but not run on a GPU.
+
 // Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
 // fill all 32 banks. Every tile starts on 1024 bytes, where the swizzle pattern repeats.
@@ -350,6 +361,29 @@ struct Ring {
     }
 };
 
+// The order in which a dK/dV block walks its steps (query head of the GQA group, 64-row query
+// tile at or after its keys). By heads: each head's tiles from the diagonal up, head after head.
+// By tiles (the fused kernel): from the last query tile down to the diagonal, all heads of a tile
+// in turn. Then every block walks the tiles it shares with the block of the key tile before in
+// the same order and at the same step, the two diagonal tiles that only the block before has
+// coming after all of them; so with the ordered adds, a block started with the one before never
+// waits for it by more than one add. By heads, it waits two steps at every head's start.
+template <bool BY_TILES>
+struct Walk {
+    int head = 0;
+    int64_t qt;
+    const int64_t first_qt, n_qt;
+    const int group;
+    __device__ Walk(int64_t first, int64_t n, int g) : qt(BY_TILES ? n - 1 : first), first_qt(first), n_qt(n), group(g) {}
+    __device__ void next() {
+        if (BY_TILES) {
+            if (++head == group) head = 0, qt--;
+        } else if (++qt == n_qt) {
+            qt = first_qt, head++;
+        }
+    }
+};
+
 // =============================================================================================
 // Forward.
 struct FwdParams {
@@ -583,18 +617,31 @@ constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per
 //      global memory (cp.reduce.async.bulk .add.f32) and frees the tile when it has been read.
 // dq_convert_kernel then scales and rounds the sums to bf16. The adds to a query tile go in
 // ascending key tile order (counts beside the sums, see warp 1), so the sums, and dQ, are
-// bit-reproducible. The order costs waiting: the blocks of one KV head that run at once walk the
-// same query tiles, each two tiles behind the one before it (its keys start 128 later), and
-// every query head's first tiles of a block must wait for the block before it to get there.
-// Measured on an H200 against the same kernel adding in any order (tuning bench, one device
-// call, two rounds): 471-487 against 519-523 TFLOP/s at 16K, 518-521 against 527-531 at 64K,
-// 527 against 537-539 at 128K; at 1M both are bound by memory (373-376, see the header).
+// bit-reproducible. The order could cost waiting, and the walk is chosen so that it does not
+// (see Walk): the blocks of one KV head that run at once walk the query tiles from the last one
+// down, all heads of a tile in turn, so a block reaches each tile it shares with the block
+// before it at the same step as that block, one add behind it. Measured on an H200 (tuning
+// bench, one device call, 3B / 8B shapes): 523 / 522 TFLOP/s at 16K, 547 / 536 at 64K, 552 / 532
+// at 128K, against 476 / 488, 528 / 524, 538 / 535 when each block walked head by head from the
+// diagonal up (every head's first tiles then waited two steps for the block before). The
+// previous session measured that head-by-head walk adding in any order at 519-523 (16K),
+// 527-531 (64K) and 537-539 (128K): the fixed order now costs nothing measurable. Walking by
+// tiles with the grid key tile major, in the same call: 527 / 519, 539 / 527, 543 / 532, the
+// same, but 376 at 1M against 553 KV head major (the grid order; the header says why).
+// Tried and slower: keeping a block at most 6 query tiles ahead of the next key tile's block
+// (counts posted per block, heads walked in turn): 398-424 TFLOP/s at 16K-128K against 476-538
+// in the same call; a model (bench/schedule_sim.cpp) had said 1.5% slower. Not understood.
 // Measured on an H200 when its adds went in any order (build/bench_attention_hopper --bench, 3B
 // and 8B shapes, 16K and 64K, commit 2657aab): 490-509 TFLOP/s for the whole backward, against
 // 337-350 for the deterministic kernels then. The
 // first version, where each consumer issued the adds itself after dK (two named barriers per
 // step around its shared tile, nothing of its own running meanwhile), reached 434-440.
 constexpr int DQ_ACC_TILE = BQ * 64 * 4;  // bytes of one consumer's 64 x 64 fp32 part of a step's dQ
+// The fused backward's workspace: the fp32 sums, [batch][head][64-row query tile][64 x 128],
+// then one int32 count per query tile (the order of the adds); the counts start here.
+__host__ __device__ inline int64_t dq_sum_floats(int64_t batch, int64_t n_heads, int64_t n_query_tiles) {
+    return batch * n_heads * n_query_tiles * (BQ * HD);
+}
 constexpr int DST_TILE = 128 * BQ * 2;    // bytes of a [128 keys][64 queries] bf16 tile of dS^T
 template <bool FUSED_DQ>
 constexpr int dkdv_smem() {
@@ -642,12 +689,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     extern __shared__ unsigned char smem_raw[];
     float* stats = (float*)(smem_raw + (sStats - smem_u32(smem_raw)));
 
-    // Block -> (key tile, KV head, batch): early key tiles see the most queries, so first.
-    const int64_t heads_x_batch = (int64_t)p.n_kv_heads * p.batch;
-    const int64_t k_tile = blockIdx.x / heads_x_batch;
-    const int kvh = (int)(blockIdx.x % heads_x_batch % p.n_kv_heads), b = (int)(blockIdx.x % heads_x_batch / p.n_kv_heads);
+    // Block -> (key tile, KV head, batch), KV head by KV head (as the forward's: the blocks
+    // running at once walk one KV head's query tiles and share them in L2), within one early key
+    // tiles first (they see the most queries). At 8K this costs 12% (see the header).
+    const int64_t chain = blockIdx.x / p.n_tiles, k_tile = blockIdx.x % p.n_tiles;
+    const int kvh = (int)(chain % p.n_kv_heads), b = (int)(chain / p.n_kv_heads);
     const int64_t k0 = k_tile * 128;
     const int64_t first_qt = k0 / BQ, n_qt = (p.seq + BQ - 1) / BQ;
+    // One flat loop over (query head of the group, query tile), in the order of Walk.
+    const int64_t n_steps = p.group * (n_qt - first_qt);
 
     if (threadIdx.x == 0) {
         mbar_init(kv_full, 1);
@@ -664,32 +714,31 @@ __global__ void __launch_bounds__(THREADS, 1)
             // tile's sums go by ascending key tile. Each query tile has a count, after the sums in
             // the same workspace (cleared with them); this block waits until it equals its key
             // tile, adds, waits until its adds are performed, and counts on. No deadlock: the
-            // block waited for (the key tile before, same batch and heads) is earlier in the grid,
-            // and blocks start in grid order, so it is running or done, and it waits only for
-            // blocks earlier still. (Blocks starting in grid order is how the hardware behaves,
+            // block waited for (the key tile before, same batch and KV head) is the one just
+            // before in the grid, and blocks start in grid order, so it is running or done, and
+            // it waits only for blocks earlier still. (Blocks starting in grid order is how the hardware behaves,
             // not a documented CUDA guarantee; FlashAttention-3's deterministic backward relies on
             // it too, with a per-tile semaphore and its own block order. With this grid order,
             // descending key tiles would deadlock: the first blocks would wait for blocks that
             // cannot start until they finish.)
-            int* counts = (int*)(p.dq_accum + (int64_t)p.batch * p.n_heads * n_qt * (BQ * HD));
+            int* counts = (int*)(p.dq_accum + dq_sum_floats(p.batch, p.n_heads, n_qt));
             uint32_t parity = 0;
-            for (int i = 0; i < p.group; i++) {
-                const int h = kvh * p.group + i;
-                float* dst = p.dq_accum + (((int64_t)b * p.n_heads + h) * n_qt + first_qt) * (BQ * HD);
-                int* count = counts + ((int64_t)b * p.n_heads + h) * n_qt + first_qt;
-                for (int64_t qt = first_qt; qt < n_qt; qt++, dst += BQ * HD, count++, parity ^= 1) {
-                    mbar_wait(dq_full(0), parity);
-                    wait_count(count, (int)k_tile);
-                    bulk_reduce_add(dst, sdQ, DQ_ACC_TILE);
-                    mbar_wait(dq_full(1), parity);
-                    bulk_reduce_add(dst + BQ * 64, sdQ + DQ_ACC_TILE, DQ_ACC_TILE);
-                    bulk_wait_read<1>();
-                    mbar_arrive(dq_empty(0));
-                    bulk_wait_read<0>();
-                    mbar_arrive(dq_empty(1));
-                    bulk_wait_all();  // performed, not only read
-                    release_count(count, (int)k_tile + 1);
-                }
+            Walk<FUSED_DQ> walk(first_qt, n_qt, p.group);
+            for (int64_t step = 0; step < n_steps; step++, walk.next(), parity ^= 1) {
+                const int64_t tile = ((int64_t)b * p.n_heads + kvh * p.group + walk.head) * n_qt + walk.qt;
+                float* dst = p.dq_accum + tile * (BQ * HD);
+                int* count = counts + tile;
+                mbar_wait(dq_full(0), parity);
+                wait_count(count, (int)k_tile);
+                bulk_reduce_add(dst, sdQ, DQ_ACC_TILE);
+                mbar_wait(dq_full(1), parity);
+                bulk_reduce_add(dst + BQ * 64, sdQ + DQ_ACC_TILE, DQ_ACC_TILE);
+                bulk_wait_read<1>();
+                mbar_arrive(dq_empty(0));
+                bulk_wait_read<0>();
+                mbar_arrive(dq_empty(1));
+                bulk_wait_all();  // performed, not only read
+                release_count(count, (int)k_tile + 1);
             }
         }
         if (threadIdx.x < 32) {
@@ -699,27 +748,25 @@ __global__ void __launch_bounds__(THREADS, 1)
                 tma_tile(sK, &map_k, kv_full, kvh, k0, b, 128);
                 tma_tile(sV, &map_v, kv_full, kvh, k0, b, 128);
             }
-            int64_t step = 0;
-            for (int i = 0; i < p.group; i++) {
-                const int h = kvh * p.group + i;
-                const int64_t head_row = ((int64_t)b * p.n_heads + h) * p.seq;
-                for (int64_t qt = first_qt; qt < n_qt; qt++, step++) {
-                    const int s = (int)(step % BWD_STAGES);
-                    if (step >= BWD_STAGES) mbar_wait(empty(s), (uint32_t)((step / BWD_STAGES - 1) & 1));
-                    const int64_t q0 = qt * BQ;
-                    float* st = stats + s * 2 * BQ;
-                    for (int r = lane; r < BQ; r += 32) {
-                        const bool valid = q0 + r < p.seq;
-                        st[r] = valid ? p.lse[head_row + q0 + r] * LOG2E : 0.f;
-                        st[BQ + r] = valid ? p.delta[head_row + q0 + r] : 0.f;
-                    }
-                    if (lane == 0) {
-                        mbar_arrive_expect_tx(full(s), 2 * HALF_TILE);
-                        tma_tile(sQ + s * HALF_TILE, &map_q, full(s), h, q0, b, BQ);
-                        tma_tile(sdO + s * HALF_TILE, &map_do, full(s), h, q0, b, BQ);
-                    } else {
-                        mbar_arrive(full(s));
-                    }
+            Walk<FUSED_DQ> walk(first_qt, n_qt, p.group);
+            for (int64_t step = 0; step < n_steps; step++, walk.next()) {
+                const int h = kvh * p.group + walk.head;
+                const int64_t head_row = ((int64_t)b * p.n_heads + h) * p.seq, qt = walk.qt;
+                const int s = (int)(step % BWD_STAGES);
+                if (step >= BWD_STAGES) mbar_wait(empty(s), (uint32_t)((step / BWD_STAGES - 1) & 1));
+                const int64_t q0 = qt * BQ;
+                float* st = stats + s * 2 * BQ;
+                for (int r = lane; r < BQ; r += 32) {
+                    const bool valid = q0 + r < p.seq;
+                    st[r] = valid ? p.lse[head_row + q0 + r] * LOG2E : 0.f;
+                    st[BQ + r] = valid ? p.delta[head_row + q0 + r] : 0.f;
+                }
+                if (lane == 0) {
+                    mbar_arrive_expect_tx(full(s), 2 * HALF_TILE);
+                    tma_tile(sQ + s * HALF_TILE, &map_q, full(s), h, q0, b, BQ);
+                    tma_tile(sdO + s * HALF_TILE, &map_do, full(s), h, q0, b, BQ);
+                } else {
+                    mbar_arrive(full(s));
                 }
             }
         }
@@ -736,17 +783,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = 0; i < 64; i++) dk[i] = 0.f, dv[i] = 0.f;
     mbar_wait(kv_full, 0);
 
-    // One flat loop over (query head of the group, query tile).
-    const int64_t steps_per_head = n_qt - first_qt, n_steps = p.group * steps_per_head;
     // Without FUSED_DQ the consumers take turns issuing products, as in the forward and the dQ
     // kernel: S^T and dP^T, then dV and dK. Both take the same number of turns, so both walk
     // every step (a tile whose queries all precede this consumer's keys is masked to zero).
     const Turns turns(c, 2 * n_steps, !FUSED_DQ);
     Ring<BWD_STAGES> ring;
-    int64_t qt = first_qt;
-    for (int64_t step = 0; step < n_steps; step++, ring.next(), qt = qt + 1 < n_qt ? qt + 1 : first_qt) {
+    Walk<FUSED_DQ> walk(first_qt, n_qt, p.group);
+    for (int64_t step = 0; step < n_steps; step++, ring.next(), walk.next()) {
         const int s = ring.stage;
-        const int64_t q0 = qt * BQ;
+        const int64_t q0 = walk.qt * BQ;
         mbar_wait(full(s), ring.phase);
         const uint32_t q_tile = sQ + s * HALF_TILE, do_tile = sdO + s * HALF_TILE;
         const uint32_t dst_tile = sdST + (uint32_t)(step & 1) * DST_TILE;
@@ -903,10 +948,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     auto full = [&](int s) { return bars + 8 * (1 + s); };
     auto empty = [&](int s) { return bars + 8 * (1 + BWD_STAGES + s); };
 
-    const int64_t heads_x_batch = (int64_t)p.n_heads * p.batch;
-    const int64_t q_tile = p.n_tiles - 1 - blockIdx.x / heads_x_batch;  // longest first
-    const int h = (int)(blockIdx.x % heads_x_batch % p.n_heads), b = (int)(blockIdx.x % heads_x_batch / p.n_heads);
-    const int kvh = h / p.group;
+    // KV head by KV head (the blocks running at once share K and V in L2, as in the forward),
+    // within one the longest query tiles first.
+    const int64_t per_kv_head = p.n_tiles * p.group, outer = blockIdx.x / per_kv_head, inner = blockIdx.x % per_kv_head;
+    const int n_kv_heads = p.n_heads / p.group;
+    const int b = (int)(outer / n_kv_heads), kvh = (int)(outer % n_kv_heads);
+    const int h = kvh * p.group + (int)(inner % p.group);
+    const int64_t q_tile = p.n_tiles - 1 - inner / p.group;
     const int64_t q0 = q_tile * 128;
     const int64_t n_kt = min((q0 + 128) / BQ, (p.seq + BQ - 1) / BQ);
 
@@ -1159,8 +1207,8 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
 
 // The fp32 sums, then one int32 count per 64-row query tile (the order of the adds).
 int64_t attention_dq_accum_floats(const AttentionShape& sh) {
-    const int64_t tiles = (int64_t)sh.batch * sh.n_heads * ((sh.seq + hopper::BQ - 1) / hopper::BQ);
-    return tiles * hopper::BQ * hopper::HD + tiles;
+    const int64_t n_qt = (sh.seq + hopper::BQ - 1) / hopper::BQ;
+    return hopper::dq_sum_floats(sh.batch, sh.n_heads, n_qt) + (int64_t)sh.batch * sh.n_heads * n_qt;
 }
 
 // =============================================================================================

@@ -32,6 +32,16 @@
 //   Walking by tiles (WALK = tiles) instead of by heads: ordered adds cost 1.6% at 16K and 1.0%
 //   at 64K (one KV head per GPU: 4.1% at 64K); with KV head major, 99% hits at 16K-256K for
 //   6% / 1.9% / 1.8% at 16K / 64K / 256K.
+// What was measured then (H200, tuning bench and one-run 1M bench, one device call each, 3B / 8B):
+//   by tiles, ordered, key tile major: fused 527 / 519 TFLOP/s at 16K against 476 / 488 by heads
+//   (the model: +10.4%; measured +11% / +6%), 539 / 527 at 64K against 528 / 524 (+1.7%; +2% /
+//   +1%); at 1M (3B) 376 against 376 (the model: still 14-42% hits beyond 256K);
+//   KV head major: the deterministic kernels unchanged at 16K-128K and 483 against 432 at 1M;
+//   with the tiles walk the fused one 553 at 1M (the model's 99% hits), 523-552 at 16K-128K:
+//   the model's cost of KV head major with ordered adds (6% at 16K) did not show;
+//   in-step: 398-424 at 16K-128K against 476-538 ordered, where the model said 1.5% slower; the
+//   model misses what its waits cost the kernel (not understood). The kernel kept KV head major
+//   and the tiles walk.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
