@@ -5,9 +5,10 @@
 //   2. whether the blocks of one KV head, which walk the same query tiles, still read them at
 //      about the same time (so from L2) after many waves of blocks.
 // The model: 132 SMs, one block each; blocks start in grid order as SMs free up, the grid either
-// key tile major (then KV head; the kernel's order) or KV head major (as the forward's); a block
-// walks (query head of its group, query tile) from its diagonal on, one time unit per tile at its
-// own speed (normal around 1, SIGMA); L2 is an LRU list of L2_TILES tiles (a step's Q and dO
+// key tile major (then KV head; the backward's order before 754cfba) or KV head major (the
+// forward's, and the backward's since 754cfba); a block walks (query head of its group, query
+// tile) from its diagonal on (or by tiles, WALK), one time unit per tile at its own speed
+// (normal around 1, SIGMA); L2 is an LRU list of L2_TILES tiles (a step's Q and dO
 // tiles count as one, 32 KB: 1600 of them fill 50 MB). Rules (RULE):
 //   any       no waiting (the deterministic dK/dV kernel, and the fused one before 3c2c11c)
 //   ordered   a block reads a tile only after the block of the key tile before (same KV head), if
