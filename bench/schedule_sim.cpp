@@ -17,7 +17,7 @@
 //             next key tile while that one runs in the same query head (an experiment, not in
 //             the kernel)
 //   make build/schedule_sim (part of make all)
-//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [kt|kv] [L2_TILES=1600] [heads|tiles]
+//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [kt|kv|cW] [L2_TILES=1600] [heads|tiles]
 // Prints the time against the ideal (total work / SMs) and the L2 hit rate of the reads.
 // Where it is cruder than the kernel: it waits before a tile's read, where the fused kernel waits
 // only at the add, with a stored dQ part and three stages of slack, so its ordering cost is
@@ -42,7 +42,14 @@
 //   the model's cost of KV head major with ordered adds (6% at 16K) did not show;
 //   in-step: 398-424 at 16K-128K against 476-538 ordered, where the model said 1.5% slower; the
 //   model misses what its waits cost the kernel (not understood). The kernel kept KV head major
-//   and the tiles walk.
+//   and the tiles walk. At 8K KV head major measured 12-15% slower (the model: 22-24%: the last
+//   wave holds the last KV head's longest blocks).
+// Chunks (GRID cW) to keep both, longest first across heads and L2 hits (time x ideal, hits;
+// ordered with the tiles walk / any with the heads walk): at 8K kt 1.034 / 1.013, c16 1.103 /
+// 1.072, c32 1.182 / 1.146, kv 1.287 / 1.238; at 16K kt 1.016 / 1.006, c32 1.054 / 1.037, kv
+// 1.060 / 1.018 (measured: the same within 1%); at 256K hits kt 39 / 42%, c16 84 / 79%, c32
+// 87 / 92%, c64 87 / 92%, kv 99 / 99%. So no chunk width does both: choose the order by size,
+// key tile major below 16K tokens and KV head major from there.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -82,7 +89,7 @@ struct Lru {
 
 int main(int argc, char** argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: schedule_sim SEQ [KV_HEADS] [GROUP] [any|ordered|in-step] [SIGMA] [IN_STEP] [kt|kv] [L2_TILES] [heads|tiles]\n");
+        fprintf(stderr, "usage: schedule_sim SEQ [KV_HEADS] [GROUP] [any|ordered|in-step] [SIGMA] [IN_STEP] [kt|kv|cW] [L2_TILES] [heads|tiles]\n");
         return 2;
     }
     const int64_t seq = atoll(argv[1]);
@@ -90,7 +97,10 @@ int main(int argc, char** argv) {
     const char* rule = argc > 4 ? argv[4] : "any";
     const double sigma = argc > 5 ? atof(argv[5]) : 0.01;
     const int64_t in_step = argc > 6 ? atoll(argv[6]) : 6;
-    const bool kv_major = argc > 7 && strcmp(argv[7], "kv") == 0;
+    // GRID: kt = key tile major, kv = KV head major, cW = in chunks of W key tiles, KV head by
+    // KV head within a chunk (kt is c1; kv is cN for N key tiles).
+    const char* grid = argc > 7 ? argv[7] : "kt";
+    const bool kv_major = strcmp(grid, "kv") == 0;
     const int64_t l2_tiles = argc > 8 ? atoll(argv[8]) : 1600;
     // WALK: heads = each query head's tiles from the diagonal up, head after head (the kernel's);
     // tiles = from the last query tile down to the diagonal, all heads of a tile in turn.
@@ -102,6 +112,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     const int64_t n_qt = seq / 64, n_kt = seq / 128, n_blocks = n_kt * kv_heads;
+    const int64_t chunk = grid[0] == 'c' ? std::min<int64_t>(std::max<int64_t>(atoll(grid + 1), 1), n_kt) : kv_major ? n_kt : 1;
 
     std::vector<Block> sm(SMS);
     std::vector<int> on_sm(n_blocks, -1);  // the SM a block runs on; -1 not started or done
@@ -141,8 +152,12 @@ int main(int argc, char** argv) {
         b.id = -1;
         if (next_block >= n_blocks) return;
         b.id = next_block++, b.head = 0;
-        if (kv_major) b.kv = (int)(b.id / n_kt), b.kt = b.id % n_kt;
-        else b.kv = (int)(b.id % kv_heads), b.kt = b.id / kv_heads;
+        // Chunk c holds key tiles c*chunk.. (the last chunk may be shorter), KV head by KV head.
+        const int64_t full = n_kt / chunk, per_chunk = chunk * kv_heads;
+        const bool in_full = b.id < full * per_chunk;
+        const int64_t c = in_full ? b.id / per_chunk : full, r = in_full ? b.id % per_chunk : b.id - full * per_chunk;
+        const int64_t len = in_full ? chunk : n_kt - full * chunk;
+        b.kv = (int)(r / len), b.kt = c * chunk + r % len;
         b.qt = by_tiles ? n_qt - 1 : 2 * b.kt;
         b.speed = std::max(0.5, speed(rng));
         on_sm[b.kt * kv_heads + b.kv] = s;
@@ -178,8 +193,8 @@ int main(int argc, char** argv) {
     int stuck = 0;
     for (const Block& b : sm) stuck += b.id >= 0;
     const double ideal = (double)reads / SMS;
-    printf("seq %lld, %d KV heads x %d, %s-major grid%s, rule %s, sigma %.3f%s, L2 %lld tiles: time %.0f, %.3f x ideal; "
-           "L2 hits %.1f%%%s\n", (long long)seq, kv_heads, group, kv_major ? "kv" : "kt", by_tiles ? " (tiles walk)" : "", rule, sigma,
+    printf("seq %lld, %d KV heads x %d, grid %s (chunks of %lld key tiles)%s, rule %s, sigma %.3f%s, L2 %lld tiles: time %.0f, %.3f x ideal; "
+           "L2 hits %.1f%%%s\n", (long long)seq, kv_heads, group, grid, (long long)chunk, by_tiles ? " (tiles walk)" : "", rule, sigma,
            stepped ? (", in-step " + std::to_string(in_step)).c_str() : "", (long long)l2_tiles,
            end, end / ideal, 100.0 * hits / reads, stuck ? "  (DEADLOCK)" : "");
     return stuck ? 1 : 0;
