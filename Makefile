@@ -88,11 +88,13 @@ ladder: train
 # PyTorch's SDPA on the same shapes. BENCH_SEQS=...,1M adds a million tokens (the reference
 # check alone then takes minutes; BENCH_ARGS=--no-check skips it, --reference times attention.cu).
 # PyTorch's side runs where PyTorch is installed.
+# BENCH_SHAPES: 3B, 8B, and 3B-U8, 8B-U8 (the heads of one of eight Ulysses ranks).
 BENCH_SEQS ?= 8K,16K,64K,128K
+BENCH_SHAPES ?= 3B,8B
 BENCH_ARGS ?=
 bench: build/bench_attention
-	build/bench_attention --seqs $(BENCH_SEQS) $(BENCH_ARGS)
-	@python3 -c 'import torch' 2>/dev/null && python3 bench/attention_vs_torch.py --seqs $(BENCH_SEQS) || echo "(PyTorch not installed: no side-by-side)"
+	build/bench_attention --seqs $(BENCH_SEQS) --shapes $(BENCH_SHAPES) $(BENCH_ARGS)
+	@python3 -c 'import torch' 2>/dev/null && python3 bench/attention_vs_torch.py --seqs $(BENCH_SEQS) --shapes $(BENCH_SHAPES) || echo "(PyTorch not installed: no side-by-side)"
 
 
 clean:

@@ -2,10 +2,11 @@
 // (attention_hopper.cu on Hopper, head dim 128), each shape first checked against attention.cu's
 // reference kernels on the same inputs.
 //
-//   build/bench_attention [--seqs 8K,16K,64K,128K,1M] [--reps N] [--warmup N] [--shapes 3B,8B] [--reference] [--no-check]
+//   build/bench_attention [--seqs 8K,16K,64K,128K,1M] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8] [--reference] [--no-check]
 //                         [--separate] [--json FILE]
 //
-// Shapes: Llama 3.2 3B (24 query / 8 KV heads) and Llama 3.1 8B (32 / 8), head dim 128, bf16,
+// Shapes: Llama 3.2 3B (24 query / 8 KV heads) and Llama 3.1 8B (32 / 8), and (3B-U8, 8B-U8; not
+// by default) their heads on one of eight Ulysses ranks (3 / 1 and 4 / 1), head dim 128, bf16,
 // causal, one sequence. FLOPs as REFERENCE.md counts them: forward 4 S^2 d H / 2, backward 2.5x
 // (the backward's time includes its delta = rowsum(dO * O) kernel; the fused backward's also
 // clearing and converting its fp32 dQ workspace). Times are CUDA-event medians
@@ -96,7 +97,9 @@ static Timing time_kernels(const AttentionForwardArgs& fa, const AttentionBackwa
 int main(int argc, char** argv) {
     std::vector<int64_t> seqs = {8192, 16384, 65536, 131072};
     int reps = 10, warmup = 2;
-    std::string shapes = "3B,8B";
+    struct Shape { const char *key, *name; int hq, hkv; };
+    const Shape known[] = {{"3B", "3B 24/8", 24, 8}, {"8B", "8B 32/8", 32, 8}, {"3B-U8", "3B-U8 3/1", 3, 1}, {"8B-U8", "8B-U8 4/1", 4, 1}};
+    std::vector<Shape> shapes = {known[0], known[1]};
     bool time_reference = false, check = true, separate = false;
     std::string json;
     for (int i = 1; i < argc; i++) {
@@ -114,10 +117,18 @@ int main(int argc, char** argv) {
         } else if (a == "--reps" && i + 1 < argc) {
             reps = std::max(1, atoi(argv[++i]));
         } else if (a == "--shapes" && i + 1 < argc) {
-            shapes = argv[++i];
-            if (shapes != "3B,8B" && shapes != "3B" && shapes != "8B") {
-                fprintf(stderr, "bench_attention: --shapes takes 3B, 8B or 3B,8B\n");
-                return 2;
+            shapes.clear();
+            std::string list = std::string(argv[++i]) + ",";
+            for (size_t pos = 0, comma; (comma = list.find(',', pos)) != std::string::npos; pos = comma + 1) {
+                const std::string key = list.substr(pos, comma - pos);
+                const Shape* found = nullptr;
+                for (const Shape& k : known)
+                    if (key == k.key) found = &k;
+                if (!found) {
+                    fprintf(stderr, "bench_attention: --shapes takes a list of 3B, 8B, 3B-U8, 8B-U8, got '%s'\n", key.c_str());
+                    return 2;
+                }
+                shapes.push_back(*found);
             }
         } else if (a == "--warmup" && i + 1 < argc) {
             warmup = std::max(0, atoi(argv[++i]));
@@ -130,7 +141,7 @@ int main(int argc, char** argv) {
         } else if (a == "--separate") {
             separate = true;
         } else {
-            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B] [--reference] [--no-check] [--separate] [--json FILE]\n");
+            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8] [--reference] [--no-check] [--separate] [--json FILE]\n");
             return 2;
         }
     }
@@ -143,13 +154,11 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     FILE* jf = json.empty() ? nullptr : fopen(json.c_str(), "w");
     printf("attention on %s, bf16, causal, head dim 128, median of %d\n", prop.name, reps);
-    printf("%-10s %-8s %8s %9s %9s %9s %9s  %s\n", "kernels", "shape", "seq", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
+    printf("%-10s %-9s %8s %9s %9s %9s %9s  %s\n", "kernels", "shape", "seq", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
            "check against the reference (relative L2 error)");
     int failed = 0;
-    struct Shape { const char* name; int hq, hkv; };
-    for (Shape shp : {Shape{"3B 24/8", 24, 8}, Shape{"8B 32/8", 32, 8}})
+    for (const Shape& shp : shapes)
         for (int64_t S : seqs) {
-            if (shapes.find(std::string(shp.name).substr(0, 2)) == std::string::npos) continue;
             const int d = 128;
             const int64_t qd = (int64_t)shp.hq * d, kd = (int64_t)shp.hkv * d, ld = qd + 2 * kd;
             bf16 *qkv, *out, *dout, *dqkv, *out_ref = nullptr, *dqkv_ref = nullptr;
@@ -192,7 +201,7 @@ int main(int argc, char** argv) {
             const double flops = attention_forward_flops(sh);
             auto report = [&](const char* which, Timing tm, const std::string& note, const double* err) {
                 const double tff = flops / (tm.fwd_ms * 1e-3) / 1e12, tfb = 2.5 * flops / (tm.bwd_ms * 1e-3) / 1e12;
-                printf("%-10s %-8s %8lld %9.3f %9.1f %9.3f %9.1f  %s\n", which, shp.name, (long long)S, tm.fwd_ms, tff,
+                printf("%-10s %-9s %8lld %9.3f %9.1f %9.3f %9.1f  %s\n", which, shp.name, (long long)S, tm.fwd_ms, tff,
                        tm.bwd_ms, tfb, note.c_str());
                 if (jf)
                     fprintf(jf, "{\"kernels\": \"%s\", \"shape\": \"%s\", \"seq\": %lld, \"fwd_ms\": %.4f, \"fwd_tflops\": %.2f, "

@@ -5,7 +5,8 @@
 # bench (PARTS=long), the 1M-token correctness test of all three kernel sets (PARTS=longtest);
 # on two GPUs the multi-GPU tests (PARTS=multi); both benches timing all the
 # forwards, then all the backwards, instead of alternating (PARTS=separate). Logs under $OUT
-# (tarred). PARTS, HSEQS, SEQS, BENCH_ARGS (e.g. --reference) select what runs.
+# (tarred). PARTS, HSEQS, SEQS, TSEQS, BENCH_ARGS (e.g. --reference, --shapes 3B-U8,8B-U8) and
+# TORCH_ARGS (e.g. --shapes 3B-U8,8B-U8) select what runs.
 set -u
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 L=$OUT/logs; mkdir -p $L
@@ -18,7 +19,7 @@ for part in ${PARTS:-tests hopper bench torch mfu}; do case $part in
   hopper) T=120 run bench_hopper build/bench_attention_hopper --bench --seqs ${HSEQS:-16K} ;;
   bench)  T=300 run bench_attention build/bench_attention ${BENCH_ARGS:-} --seqs ${SEQS:-8K,16K,64K,128K} --json $L/attention.jsonl ;;
   multi)  T=300 run test_multi_gpu build/tests/test_multi_gpu ;;
-  torch)  T=200 run torch python3 bench/attention_vs_torch.py --seqs ${TSEQS:-8192,16384,65536,131072} --json $L/torch.jsonl ;;
+  torch)  T=200 run torch python3 bench/attention_vs_torch.py ${TORCH_ARGS:-} --seqs ${TSEQS:-8192,16384,65536,131072} --json $L/torch.jsonl ;;
   separate) T=200 run bench_separate build/bench_attention --separate --no-check --seqs ${SEQS:-8K,16K,64K,128K} --json $L/attention_separate.jsonl
           T=200 run torch_separate python3 bench/attention_vs_torch.py --separate --seqs ${TSEQS:-8192,16384,65536,131072} --json $L/torch_separate.jsonl ;;
   mfu)    T=200 run mfu_3b_64k ./train --config llama3.2-3b --seq-len 64K --steps 3 --ckpt --task random --log $L/mfu_3b_64k.jsonl

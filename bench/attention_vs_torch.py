@@ -3,7 +3,10 @@ FLOP convention: forward 4*S*S*d*H/2 (causal), backward 2.5x forward. Median of 
 timings after warm-up; forward and backward alternate, as in bench/attention.cu (and training),
 so both benches time each kernel at the clocks it gets right after the other one.
 
-    python3 bench/attention_vs_torch.py [--seqs 8192,16384,65536,131072] [--reps 10] [--separate] [--json FILE]
+    python3 bench/attention_vs_torch.py [--seqs 8192,16384,65536,131072] [--shapes 3B,8B] [--reps 10] [--separate] [--json FILE]
+
+Shapes as bench/attention.cu's: 3B (24 query / 8 KV heads), 8B (32 / 8), and 3B-U8, 8B-U8 (their
+heads on one of eight Ulysses ranks: 3 / 1, 4 / 1).
 """
 import argparse
 import json
@@ -12,6 +15,9 @@ import statistics
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+SHAPES = {"3B": ("3B 24/8", 24, 8), "8B": ("8B 32/8", 32, 8), "3B-U8": ("3B-U8 3/1", 3, 1), "8B-U8": ("8B-U8 4/1", 4, 1)}
 
 
 def tokens(text):
@@ -45,14 +51,18 @@ def time_pair(fwd, bwd, reps, separate, warmup=2):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqs", default="8192,16384,65536,131072")
+    ap.add_argument("--shapes", default="3B,8B", help="comma list of " + ", ".join(SHAPES))
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", default="")
     ap.add_argument("--separate", action="store_true", help="time the forwards, then the backwards (not alternating)")
     args = ap.parse_args()
+    unknown = [k for k in args.shapes.split(",") if k not in SHAPES]
+    if unknown:
+        ap.error(f"--shapes takes a list of {', '.join(SHAPES)}, got {unknown[0]!r}")
     rows = []
     print(f"PyTorch {torch.__version__} SDPA on {torch.cuda.get_device_name()}, bf16, causal, head dim 128")
     print(f"{'backend':8} {'shape':10} {'seq':>8} {'fwd ms':>9} {'fwd TF/s':>9} {'bwd ms':>9} {'bwd TF/s':>9}")
-    for name, hq, hkv in (("3B 24/8", 24, 8), ("8B 32/8", 32, 8)):
+    for name, hq, hkv in (SHAPES[k] for k in args.shapes.split(",")):
         for S in (tokens(s) for s in args.seqs.split(",")):
             d = 128
             q = torch.randn(1, hq, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
