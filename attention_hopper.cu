@@ -637,8 +637,8 @@ constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per
 // first version, where each consumer issued the adds itself after dK (two named barriers per
 // step around its shared tile, nothing of its own running meanwhile), reached 434-440.
 constexpr int DQ_ACC_TILE = BQ * 64 * 4;  // bytes of one consumer's 64 x 64 fp32 part of a step's dQ
-// The fused backward's workspace: the fp32 sums, [batch][head][64-row query tile][64 x 128],
-// then one int32 count per query tile (the order of the adds); the counts start here.
+// The fused backward's workspace: the fp32 sums, [batch][head][64-row query tile][2][64][64]
+// (as BwdParams::dq_accum), then one int32 count per query tile (the order of the adds); the counts start here.
 __host__ __device__ inline int64_t dq_sum_floats(int64_t batch, int64_t n_heads, int64_t n_query_tiles) {
     return batch * n_heads * n_query_tiles * (BQ * HD);
 }
