@@ -716,11 +716,11 @@ __global__ void __launch_bounds__(THREADS, 1)
             // tile, adds, waits until its adds are performed, and counts on. No deadlock: the
             // block waited for (the key tile before, same batch and KV head) is the one just
             // before in the grid, and blocks start in grid order, so it is running or done, and
-            // it waits only for blocks earlier still. (Blocks starting in grid order is how the hardware behaves,
-            // not a documented CUDA guarantee; FlashAttention-3's deterministic backward relies on
-            // it too, with a per-tile semaphore and its own block order. With this grid order,
-            // descending key tiles would deadlock: the first blocks would wait for blocks that
-            // cannot start until they finish.)
+            // it waits only for blocks earlier still. (Blocks starting in grid order is how the
+            // hardware behaves, not a documented CUDA guarantee; FlashAttention-3's deterministic
+            // backward relies on it too, with a per-tile semaphore and its own block order. With
+            // this grid order, descending key tiles would deadlock: the first blocks would wait
+            // for blocks that cannot start until they finish.)
             int* counts = (int*)(p.dq_accum + dq_sum_floats(p.batch, p.n_heads, n_qt));
             uint32_t parity = 0;
             Walk<FUSED_DQ> walk(first_qt, n_qt, p.group);
