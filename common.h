@@ -28,6 +28,16 @@ struct Fatal : std::runtime_error {
 };
 [[noreturn]] inline void usage_error(const std::string& msg) { throw Fatal(EXIT_USAGE, msg); }
 [[noreturn]] inline void runtime_error(const std::string& msg) { throw Fatal(EXIT_RUNTIME, msg); }
+// For a small program's main(): runs `body`; a Fatal ends it with its message and exit code.
+template <class Body>
+int exit_code_of(const char* program, Body&& body) {
+    try {
+        return body();
+    } catch (const Fatal& f) {
+        fprintf(stderr, "%s: %s\n", program, f.what());
+        return f.code;
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Model configuration. Values of the two real models are those of Meta's HF config.json files.

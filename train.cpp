@@ -101,6 +101,16 @@ std::string usage_text() {
            "Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input, 3 out of memory.\n";
 }
 
+std::vector<std::string> split_commas(const std::string& list) {
+    std::vector<std::string> items;
+    for (size_t pos = 0;;) {
+        const size_t comma = list.find(',', pos);
+        items.push_back(list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+        if (comma == std::string::npos) return items;
+        pos = comma + 1;
+    }
+}
+
 int64_t parse_tokens(const std::string& flag, const std::string& value) {
     if (value.empty()) usage_error(flag + " needs a value");
     std::string digits = value;

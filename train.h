@@ -53,6 +53,8 @@ struct Options {
 Options parse_options(int argc, char** argv);
 // "8192", "8K" (x 1024), "3M" (x 1024^2). Throws Fatal(EXIT_USAGE) on anything else.
 int64_t parse_tokens(const std::string& flag, const std::string& value);
+// "a,b,c" -> {"a", "b", "c"}; empty items are kept, for the caller to refuse (the benches' lists).
+std::vector<std::string> split_commas(const std::string& list);
 // The config after --layers, validated against what the kernels support.
 LlamaConfig resolve_config(const Options& o);
 std::string usage_text();

@@ -94,7 +94,7 @@ static Timing time_kernels(const AttentionForwardArgs& fa, const AttentionBackwa
     return {median(tf), median(tb)};
 }
 
-int main(int argc, char** argv) {
+static int bench_main(int argc, char** argv) {
     std::vector<int64_t> seqs = {8192, 16384, 65536, 131072};
     int reps = 10, warmup = 2;
     struct Shape { const char *key, *name; int hq, hkv; };
@@ -106,21 +106,12 @@ int main(int argc, char** argv) {
         std::string a = argv[i];
         if (a == "--seqs" && i + 1 < argc) {
             seqs.clear();
-            std::string list = argv[++i];
-            size_t pos = 0;
-            while (pos <= list.size()) {
-                size_t comma = list.find(',', pos);
-                if (comma == std::string::npos) comma = list.size();
-                seqs.push_back(parse_tokens("--seqs", list.substr(pos, comma - pos)));
-                pos = comma + 1;
-            }
+            for (const std::string& s : split_commas(argv[++i])) seqs.push_back(parse_tokens("--seqs", s));
         } else if (a == "--reps" && i + 1 < argc) {
             reps = std::max(1, atoi(argv[++i]));
         } else if (a == "--shapes" && i + 1 < argc) {
             shapes.clear();
-            std::string list = std::string(argv[++i]) + ",";
-            for (size_t pos = 0, comma; (comma = list.find(',', pos)) != std::string::npos; pos = comma + 1) {
-                const std::string key = list.substr(pos, comma - pos);
+            for (const std::string& key : split_commas(argv[++i])) {
                 const Shape* found = nullptr;
                 for (const Shape& k : known)
                     if (key == k.key) found = &k;
@@ -251,3 +242,6 @@ int main(int argc, char** argv) {
     if (failed) fprintf(stderr, "bench_attention: %d shape(s) differ from the reference kernels\n", failed);
     return failed ? 1 : 0;
 }
+
+// Bad arguments and CUDA failures end with their message and exit code (2 usage, 1 runtime).
+int main(int argc, char** argv) { return exit_code_of("bench_attention", [&] { return bench_main(argc, argv); }); }

@@ -195,7 +195,7 @@ static int run(bool bench, const std::vector<int64_t>& seqs) {
 }
 
 // build/bench_attention_hopper [--bench] [--seqs 16K,64K]
-int main(int argc, char** argv) {
+static int bench_main(int argc, char** argv) {
     bool bench = false;
     std::vector<int64_t> seqs = {16384, 65536};
     for (int i = 1; i < argc; i++) {
@@ -204,13 +204,7 @@ int main(int argc, char** argv) {
             bench = true;
         } else if (a == "--seqs" && i + 1 < argc) {
             seqs.clear();
-            std::string l = argv[++i];
-            for (size_t pos = 0; pos <= l.size();) {
-                size_t comma = l.find(',', pos);
-                if (comma == std::string::npos) comma = l.size();
-                seqs.push_back(parse_tokens("--seqs", l.substr(pos, comma - pos)));
-                pos = comma + 1;
-            }
+            for (const std::string& s : split_commas(argv[++i])) seqs.push_back(parse_tokens("--seqs", s));
         } else {
             fprintf(stderr, "usage: bench_attention_hopper [--bench] [--seqs 16K,...]\n");
             return 2;
@@ -218,3 +212,6 @@ int main(int argc, char** argv) {
     }
     return run(bench, seqs) ? 1 : 0;
 }
+
+// Bad arguments and CUDA failures end with their message and exit code (2 usage, 1 runtime).
+int main(int argc, char** argv) { return exit_code_of("bench_attention_hopper", [&] { return bench_main(argc, argv); }); }

@@ -60,6 +60,14 @@ TEST(Flags, TokenCountsWithSuffixes) {
         EXPECT_EQ(fatal_code([&] { parse_tokens("--seq-len", bad); }), EXIT_USAGE) << "'" << bad << "'";
 }
 
+TEST(Flags, CommaListsKeepEveryItem) {  // the benches' --seqs and --shapes
+    using L = std::vector<std::string>;
+    EXPECT_EQ(split_commas("8K,16K,1M"), (L{"8K", "16K", "1M"}));
+    EXPECT_EQ(split_commas("3B"), (L{"3B"}));
+    EXPECT_EQ(split_commas(""), (L{""}));
+    EXPECT_EQ(split_commas("8K,,16K,"), (L{"8K", "", "16K", ""}));  // empty items left for the caller to refuse
+}
+
 TEST(Flags, ParsesBothSpellingsAndDefaults) {
     Options o = parse({"--config", "llama3.1-8b", "--seq-len=64K", "--steps", "7", "--lr=1e-3", "--plan"});
     EXPECT_EQ(o.config, "llama3.1-8b");
