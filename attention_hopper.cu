@@ -26,7 +26,8 @@
 //    the fused dK/dV kernel's consumers compute a tile that lies wholly after their rows masked
 //    to zeros, since their turns or barriers need every step), mask arithmetic on diagonal
 //    tiles only, and longest-first block order (blocks with the most tiles to walk start first,
-//    so the last wave is short ones; within each KV head, whose blocks run together).
+//    so the last wave is short ones; in the forward, and in the backward from 16K tokens,
+//    within each KV head, whose blocks run together).
 //
 // Forward, one block per 128 query rows of one head (consumer c owns rows 64c..64c+63):
 //   S = Q K^T       wgmma m64n128k16, A = Q (shared), B = K tile (shared, K-major), 8 k-steps
@@ -79,11 +80,8 @@
 // (our reading; not yet counted with Nsight Compute). At 1M, 3B, in one device call: fused 553
 // against 376, deterministic 483 against 432; at 16K-128K the same within 3% (fused 523-552
 // against 519-543, the dK/dV and dQ kernels' products 638-666 and 691-718 against 631-660 and
-// 678-721). At 8K it costs 12% (3B / 8B, one device call, two rounds: deterministic 449 / 418
-// against 507-510 / 447-455 TFLOP/s key tile by key tile, fused 441-460 / 436-439 against
-// 508-521 / 492-495): one KV head has 64 key tiles, half a wave of blocks, so the last wave holds
-// the last KV head's longest blocks. Not yet mended: the order by size (KV head by KV head from
-// 16K tokens, where both orders measured the same) is written but not run on a GPU.
+// 678-721). Below 16K tokens the blocks go key tile by key tile across the heads, since at 8K
+// KV head by KV head cost 12% (see KV_MAJOR_MIN_TILES).
 
 // Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
@@ -267,12 +265,26 @@ __device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 
 // and set it (release). The fence after the acquire orders the TMA unit's adds (async proxy)
 // after it. Before the release, the adds' completion (cp.async.bulk.wait_group 0) already implies
 // a generic-async proxy fence (PTX ISA, "Async proxy"); the explicit one is belt and braces.
+// A wait that lasts WAIT_COUNT_LIMIT_NS means the order is broken (a bug, or a GPU that does not
+// start blocks in grid order): trap, so the launch fails with an error instead of hanging.
+constexpr uint64_t WAIT_COUNT_LIMIT_NS = 20ull * 1000 * 1000 * 1000;
+__device__ inline uint64_t global_timer_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
 __device__ inline void wait_count(const int* count, int value) {
     int seen;
-    for (;;) {
+    uint64_t since = 0;
+    for (uint32_t polls = 0;; polls++) {
         asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
         if (seen == value) break;
         __nanosleep(32);
+        if ((polls & 1023) == 1023) {  // the timer every 1024 polls, off the common short waits
+            const uint64_t now = global_timer_ns();
+            if (since == 0) since = now;
+            else if (now - since > WAIT_COUNT_LIMIT_NS) __trap();
+        }
     }
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
@@ -596,10 +608,22 @@ struct BwdParams {
     int n_heads, n_kv_heads, batch, group;
     float scale, scale_log2;
     bool accumulate_dkv;
+    bool kv_major;    // the backward's blocks KV head by KV head (from 16K tokens; see KV_MAJOR_MIN_TILES)
     float* dq_accum;  // the fused backward's fp32 dQ sums, [batch][head][64-row tile][2][64][64],
                       // then an int count per tile (how many key tiles have added to it)
 };
 constexpr int BWD_STAGES = 3;
+// The backward's blocks go KV head by KV head from this many 128-row tiles per sequence (16K
+// tokens), where one KV head's dK/dV blocks about fill the GPU's 132 SMs; below it, tile by tile
+// across the heads, longest first over all of them. Measured on an H200 (3B / 8B, one device
+// call, two rounds): at 8K, KV head by KV head lost 12% (deterministic 449 / 418 against 507-510
+// / 447-455 TFLOP/s; fused 441-460 / 436-439 against 508-521 / 492-495): the last wave then
+// holds the last KV head's longest blocks. At 16K both orders ran the same (deterministic 468-474
+// against 470-473, fused 516-524 against 520-525); at 1M KV head by KV head wins (see the header).
+// (bench/schedule_sim.cpp: no chunked order does both.)
+constexpr int64_t KV_MAJOR_MIN_TILES = 128;
+static int64_t kv_major_min_tiles = KV_MAJOR_MIN_TILES;  // tests set it to run both orders
+static bool break_dq_order = false;  // tests: the fused backward's counts start at -1 (never met)
 constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per step of dQ's
 
 // ---- dK, dV (and, FUSED_DQ, dQ): one block per 128 keys of one KV head.
@@ -689,10 +713,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     extern __shared__ unsigned char smem_raw[];
     float* stats = (float*)(smem_raw + (sStats - smem_u32(smem_raw)));
 
-    // Block -> (key tile, KV head, batch), KV head by KV head (as the forward's: the blocks
-    // running at once walk one KV head's query tiles and share them in L2), within one early key
-    // tiles first (they see the most queries). At 8K this costs 12% (see the header).
-    const int64_t chain = blockIdx.x / p.n_tiles, k_tile = blockIdx.x % p.n_tiles;
+    // Block -> (key tile, KV head, batch). Early key tiles first (they see the most queries):
+    // KV head by KV head from 16K tokens (p.kv_major: the blocks running at once walk one KV
+    // head's query tiles and share them in L2), else key tile by key tile across the heads.
+    const int64_t chains = (int64_t)p.n_kv_heads * p.batch;
+    const int64_t chain = p.kv_major ? blockIdx.x / p.n_tiles : blockIdx.x % chains;
+    const int64_t k_tile = p.kv_major ? blockIdx.x % p.n_tiles : blockIdx.x / chains;
     const int kvh = (int)(chain % p.n_kv_heads), b = (int)(chain / p.n_kv_heads);
     const int64_t k0 = k_tile * 128;
     const int64_t first_qt = k0 / BQ, n_qt = (p.seq + BQ - 1) / BQ;
@@ -714,13 +740,14 @@ __global__ void __launch_bounds__(THREADS, 1)
             // tile's sums go by ascending key tile. Each query tile has a count, after the sums in
             // the same workspace (cleared with them); this block waits until it equals its key
             // tile, adds, waits until its adds are performed, and counts on. No deadlock: the
-            // block waited for (the key tile before, same batch and KV head) is the one just
-            // before in the grid, and blocks start in grid order, so it is running or done, and
-            // it waits only for blocks earlier still. (Blocks starting in grid order is how the
-            // hardware behaves, not a documented CUDA guarantee; FlashAttention-3's deterministic
-            // backward relies on it too, with a per-tile semaphore and its own block order. With
-            // this grid order, descending key tiles would deadlock: the first blocks would wait
-            // for blocks that cannot start until they finish.)
+            // block waited for (the key tile before, same batch and KV head) is earlier in the
+            // grid (just before it KV head by KV head, n_kv_heads x batch before it tile by tile),
+            // and blocks start in grid order, so it is running or done, and it waits only for
+            // blocks earlier still. (Blocks starting in grid order is how the hardware behaves,
+            // not a documented CUDA guarantee, hence wait_count's time limit; FlashAttention-3's
+            // deterministic backward relies on it too, with a per-tile semaphore and its own
+            // block order. With this grid order, descending key tiles would deadlock: the first
+            // blocks would wait for blocks that cannot start until they finish.)
             int* counts = (int*)(p.dq_accum + dq_sum_floats(p.batch, p.n_heads, n_qt));
             uint32_t parity = 0;
             Walk<FUSED_DQ> walk(first_qt, n_qt, p.group);
@@ -948,10 +975,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     auto full = [&](int s) { return bars + 8 * (1 + s); };
     auto empty = [&](int s) { return bars + 8 * (1 + BWD_STAGES + s); };
 
-    // KV head by KV head (the blocks running at once share K and V in L2, as in the forward),
-    // within one the longest query tiles first.
-    const int64_t per_kv_head = p.n_tiles * p.group, outer = blockIdx.x / per_kv_head, inner = blockIdx.x % per_kv_head;
+    // Block -> (query tile, head, batch), the longest query tiles first: KV head by KV head from
+    // 16K tokens (p.kv_major: the blocks running at once share K and V in L2, as in the
+    // forward), else query tile by query tile across the heads. outer: (batch, KV head); inner:
+    // (rank of the query tile, head of the group).
     const int n_kv_heads = p.n_heads / p.group;
+    const int64_t per_kv_head = p.n_tiles * p.group, per_tile = (int64_t)p.n_heads * p.batch;
+    const int64_t rest = blockIdx.x % per_tile;
+    const int64_t outer = p.kv_major ? blockIdx.x / per_kv_head : rest / p.group;
+    const int64_t inner = p.kv_major ? blockIdx.x % per_kv_head : blockIdx.x / per_tile * p.group + rest % p.group;
     const int b = (int)(outer / n_kv_heads), kvh = (int)(outer % n_kv_heads);
     const int h = kvh * p.group + (int)(inner % p.group);
     const int64_t q_tile = p.n_tiles - 1 - inner / p.group;
@@ -1178,6 +1210,7 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
     p.n_heads = sh.n_heads, p.n_kv_heads = sh.n_kv_heads, p.batch = sh.batch, p.group = sh.n_heads / sh.n_kv_heads;
     p.scale = 1.0f / sqrtf((float)sh.head_dim), p.scale_log2 = p.scale * LOG2E;
     p.accumulate_dkv = a.accumulate_dkv, p.dq_accum = a.dq_accum;
+    p.kv_major = p.n_tiles >= kv_major_min_tiles;
     if (parts & 1) {  // dK, dV: 64-row query tiles stream past 128 keys.
         const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, BQ);
         const CUtensorMap mdo = tensor_map(a.dout, sh.n_heads, a.lddo, sh.seq, sh.batch, BQ);
@@ -1186,6 +1219,10 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
         const int64_t blocks = p.n_tiles * sh.n_kv_heads * sh.batch;
         if (a.dq_accum) {
             CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, attention_dq_accum_floats(sh) * sizeof(float), s));
+            if (break_dq_order) {
+                const int64_t n_qt = (sh.seq + BQ - 1) / BQ, sums = dq_sum_floats(sh.batch, sh.n_heads, n_qt);
+                CUDA_CHECK(cudaMemsetAsync(a.dq_accum + sums, 0xFF, sh.batch * sh.n_heads * n_qt * sizeof(int), s));
+            }
             launch(dkdv_kernel<true>, blocks, dkdv_smem<true>(), s, mq, mdo, mk, mv, p);
         } else {
             launch(dkdv_kernel<false>, blocks, dkdv_smem<false>(), s, mq, mdo, mk, mv, p);
@@ -1215,6 +1252,8 @@ int64_t attention_dq_accum_floats(const AttentionShape& sh) {
 // The dispatch the model calls.
 static bool use_reference = false;
 void attention_use_reference(bool on) { use_reference = on; }
+void attention_backward_kv_major_from(int64_t tiles) { hopper::kv_major_min_tiles = tiles; }
+void attention_fused_backward_break_order(bool on) { hopper::break_dq_order = on; }
 
 // For 16-byte aligned inputs with row strides of multiples of 8 elements (the model's buffers).
 bool attention_uses_hopper(const AttentionShape& sh) {

@@ -213,6 +213,12 @@ void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, 
 void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s);
 // Select attention.cu's kernels for every call (--attention reference; tests and benches).
 void attention_use_reference(bool on);
+// Tests: the fast backward takes its blocks KV head by KV head from this many 128-row tiles of a
+// sequence (default 128, i.e. 16K tokens), else tile by tile across the heads.
+void attention_backward_kv_major_from(int64_t tiles);
+// Tests: the fused backward's counts of dQ adds start at -1, a value the order never reaches, so
+// its blocks wait forever; the waits' time limit must then end the launch with an error.
+void attention_fused_backward_break_order(bool on);
 bool attention_uses_hopper(const AttentionShape& sh);  // what the dispatch picks for this shape
 // The FLOPs of causal attention, REFERENCE.md's convention: forward 4*S*S*d*Hq/2 per sequence,
 // backward 2.5 x forward.

@@ -6,7 +6,10 @@
 // (dQ added in fp32 inside the dK/dV kernel, --attention fused) runs the same cases. Every
 // backward gives the same bits twice. Then one long sequence whose element offsets pass 2^31,
 // checked on sampled rows and keys in float64.
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "gpu_util.h"
@@ -20,10 +23,11 @@ struct Case {
     int Hq, Hkv, d;
     bool reference;      // attention.cu's kernels; else the dispatch's choice (attention_hopper.cu on Hopper)
     bool fused = false;  // the fast kernels' fused backward (an fp32 dQ workspace given)
+    bool kv_major = false;  // the fast backward's blocks KV head by KV head (else so from 16K tokens only)
 };
 
 std::string name(const Case& c) {
-    return std::string(c.reference ? "reference" : c.fused ? "fused" : "fast") + " B" + std::to_string(c.B) + " S" + std::to_string(c.S) +
+    return std::string(c.reference ? "reference" : c.fused ? "fused" : "fast") + (c.kv_major ? " kv-major" : "") + " B" + std::to_string(c.B) + " S" + std::to_string(c.S) +
            " Hq" + std::to_string(c.Hq) + " Hkv" + std::to_string(c.Hkv) + " d" + std::to_string(c.d);
 }
 
@@ -38,12 +42,13 @@ bool hopper_gpu() {
 // Select the kernels of a case, and make sure the fast case really runs the fast kernels where
 // they exist (else both cases would test the reference twice). Restored at scope exit.
 struct KernelChoice {
-    KernelChoice(bool reference, const AttentionShape& sh) {
+    KernelChoice(bool reference, const AttentionShape& sh, bool kv_major = false) {
         attention_use_reference(reference);
+        attention_backward_kv_major_from(kv_major ? 1 : 128);
         if (!reference && sh.head_dim == 128 && hopper_gpu()) EXPECT_TRUE(attention_uses_hopper(sh));
         if (reference) EXPECT_FALSE(attention_uses_hopper(sh));
     }
-    ~KernelChoice() { attention_use_reference(false); }
+    ~KernelChoice() { attention_use_reference(false), attention_backward_kv_major_from(128); }
 };
 
 // A fused [T, (Hq + 2 Hkv) d] buffer on the device, and q, k, v as dense copies for the reference.
@@ -86,7 +91,7 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     upload(qkv, in.fused), upload(d_dout, dout);
     poison(out.ptr, T * in.qd), poison(lse.ptr, lse.n), poison(dqkv.ptr, T * in.ld);
     AttentionShape sh{c.B, c.S, c.Hq, c.Hkv, c.d};
-    KernelChoice choice(c.reference, sh);
+    KernelChoice choice(c.reference, sh, c.kv_major);
     AttentionForwardArgs fa{qkv, qkv + in.qd, qkv + in.qd + in.kd, in.ld, in.ld, in.ld, out, in.qd, lse};
     attention_forward(fa, sh, 0);
     AttentionBackwardArgs ba{qkv, qkv + in.qd, qkv + in.qd + in.kd, out, d_dout, in.ld, in.ld, in.ld, in.qd, in.qd,
@@ -128,7 +133,12 @@ std::vector<Case> both_kernels(std::vector<Case> shapes) {
     std::vector<Case> all;
     for (Case c : shapes) {
         c.reference = true, all.push_back(c);
-        if (c.d == 128) c.reference = false, all.push_back(c), c.fused = true, all.push_back(c);
+        if (c.d != 128) continue;
+        // The fast kernels, both backwards, each in both block orders (these shapes are all
+        // below the 16K tokens from which the backward goes KV head by KV head by itself).
+        c.reference = false;
+        for (bool fused : {false, true})
+            for (bool kv_major : {false, true}) c.fused = fused, c.kv_major = kv_major, all.push_back(c);
     }
     return all;
 }
@@ -198,6 +208,47 @@ TEST_P(AttentionRepeat, BackwardGivesTheSameBitsTwice) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AttentionRepeat, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "fused" : "fast"; });
+
+// The fused backward's ordered dQ adds wait on counts, relying on blocks starting in grid order
+// (see attention_hopper.cu). If that ever breaks, the launch must fail with an error, not hang:
+// with the counts started at a value the order never reaches, every wait times out (20 s) and
+// traps. In a child process (a death test), since a trap ends the CUDA context.
+void run_fused_backward_with_broken_order() {
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t S = 1024;
+    const int Hq = 3, Hkv = 1, d = 128;
+    const int64_t qd = Hq * d, kd = Hkv * d, ld = qd + 2 * kd;
+    DeviceBuffer<bf16> qkv(S * ld), out(S * qd), dout(S * qd), dqkv(S * ld);
+    DeviceBuffer<float> lse(Hq * S), delta(Hq * S), scratch(S * ld);
+    init_normal(scratch, S * ld, 1.0f, 1, 0);
+    convert_f32_to_bf16(qkv, scratch, S * ld, 0);
+    convert_f32_to_bf16(dout, scratch, S * qd, 0);
+    AttentionShape sh{1, S, Hq, Hkv, d};
+    AttentionBackwardArgs ba = forward_one_sequence(sh, ld, qkv, out, dout, dqkv, lse, delta);
+    DeviceBuffer<float> dq_accum(attention_dq_accum_floats(sh));
+    ba.dq_accum = dq_accum;
+    attention_fused_backward_break_order(true);
+    cudaError_t e = cudaSuccess;
+    try {
+        attention_backward(ba, sh, 0);
+        e = cudaDeviceSynchronize();
+    } catch (const Fatal& f) {
+        fprintf(stderr, "%s\n", f.what());
+        _exit(f.code);
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    fprintf(stderr, "broken order: %s after %.0f s\n", e == cudaSuccess ? "finished" : cudaGetErrorString(e), seconds);
+    _exit(e == cudaSuccess ? 0 : 1);
+}
+
+TEST(AttentionFusedOrder, ABrokenOrderFailsTheLaunchInsteadOfHanging) {
+    REQUIRE_GPU();
+    if (!hopper_gpu()) GTEST_SKIP() << "the fused backward needs the fast kernels (sm_90)";
+    GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process, not a fork of one using CUDA
+    // Exit code 1 and a CUDA error after the 20 s limit (not before: e.g. not a failure to start).
+    EXPECT_EXIT(run_fused_backward_with_broken_order(), ::testing::ExitedWithCode(1),
+                "broken order: [a-z].* after 2[0-9] s");
+}
 
 // Head counts that do not form GQA groups are refused (exit code 2) by both kernel sets, not
 // run with a wrong group size.
