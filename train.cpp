@@ -72,10 +72,12 @@ std::string usage_text() {
            "  --chunked            MLP, element-wise ops and the LM head + loss in token chunks\n"
            "  --untied[=K]         Untied Ulysses: attention in chunks of K query heads per GPU, one reused buffer set\n"
            "                       (default K = 1; implies --ckpt)\n"
-           "  --attention fast|fused|reference  attention kernels: fast = attention_hopper.cu (wgmma + TMA; head dim\n"
-           "                       128 on an sm_90 GPU, else the reference), deterministic; fused = fast with dQ added in\n"
-           "                       fp32 inside the dK/dV kernel (faster backward from 16K tokens, 4 bytes per dQ element\n"
-           "                       more, also deterministic); reference = attention.cu (default fast)\n"
+           "  --attention auto|fast|fused|reference  attention kernels: fast = attention_hopper.cu (wgmma + TMA; head\n"
+           "                       dim 128 on an sm_90 GPU, else the reference) with the lean backward (two kernels, no\n"
+           "                       extra buffer); fused = the same with dQ added in fp32 inside the dK/dV kernel (about\n"
+           "                       10% faster backward from 16K tokens, 4 bytes per dQ element more); reference =\n"
+           "                       attention.cu; auto (default) = fused where its dQ sums fit under the cap, else fast.\n"
+           "                       All are bit-reproducible. --ladder plans and runs fast unless given fused\n"
            "  --chunk-tokens N     tokens per chunk of a layer (default: the hidden size)\n"
            "  --loss-chunk-tokens N  tokens per chunk of the LM head and loss (default: logits near 1 GiB)\n"
            "\n"
@@ -217,8 +219,8 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--untied") o.step.untied = has_value ? (int)parse_int(arg, value, 1, 1 << 16) : 1;
         else if (arg == "--attention") {
             o.attention = need();
-            if (o.attention != "fast" && o.attention != "fused" && o.attention != "reference")
-                usage_error("--attention must be 'fast', 'fused' or 'reference', got '" + o.attention + "'");
+            if (o.attention != "auto" && o.attention != "fast" && o.attention != "fused" && o.attention != "reference")
+                usage_error("--attention must be 'auto', 'fast', 'fused' or 'reference', got '" + o.attention + "'");
             o.step.fused_attention = o.attention == "fused";
         } else if (arg == "--chunk-tokens") o.step.chunk_tokens = parse_tokens(arg, need());
         else if (arg == "--loss-chunk-tokens") o.step.loss_chunk_tokens = parse_tokens(arg, need());
@@ -432,7 +434,9 @@ static std::vector<std::string> stage_args(const Options& o, int k, int layers, 
     if (k > 0) a.push_back("--stage"), a.push_back(std::to_string(k));
     if (o.sim_world > 1) a.push_back("--sim-world"), a.push_back(std::to_string(o.sim_world));
     if (o.nproc > 1) a.push_back("--nproc"), a.push_back(std::to_string(o.nproc));
-    if (o.attention != "fast") a.push_back("--attention"), a.push_back(o.attention);
+    // The ladder's stages plan the lean backward, so auto runs them with it too (auto could pick
+    // the fused one in some stages and not others, and the measurement would leave the plan).
+    a.push_back("--attention"), a.push_back(o.attention == "auto" ? "fast" : o.attention);
     if (o.step.chunk_tokens) a.push_back("--chunk-tokens"), a.push_back(std::to_string(o.step.chunk_tokens));
     if (o.step.loss_chunk_tokens)
         a.push_back("--loss-chunk-tokens"), a.push_back(std::to_string(o.step.loss_chunk_tokens));
@@ -889,6 +893,39 @@ static void write_dump(const std::string& path, double loss, const std::vector<f
     if (fclose(f) != 0 || !ok) runtime_error("writing --dump file '" + path + "' failed");
 }
 
+// --attention auto (the default): does the plan still fit under the cap with the fused
+// backward's fp32 dQ sums (attention_dq_accum_floats) added? The model's plan is left as it was.
+static bool fused_backward_fits(Model& m, int64_t cap_bytes, int64_t runtime_bytes) {
+    const bool was = m.opt.fused_attention;
+    m.opt.fused_attention = true;
+    Arena with_fused;
+    model_declare_buffers(m, with_fused);
+    m.opt.fused_attention = was;
+    Arena as_was;
+    model_declare_buffers(m, as_was);  // the model's sizes (chunk rows, per-layer bytes) as they were
+    return with_fused.total() + runtime_bytes <= cap_bytes;
+}
+
+// Switch the plan to the fused backward (auto chose it).
+static void plan_fused_backward(Model& m, Options& o, Arena& arena) {
+    o.step.fused_attention = m.opt.fused_attention = true;
+    arena = Arena();
+    model_declare_buffers(m, arena);
+}
+
+// The sum over all ranks of one number per rank (a flag, a count), on the device.
+static float sum_over_ranks(Comm* comm, float mine, cudaStream_t s, double timeout_s) {
+    float* buf = nullptr;
+    float sum = 0;
+    CUDA_CHECK(cudaMalloc(&buf, sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(buf, &mine, sizeof(float), cudaMemcpyHostToDevice));
+    comm->all_reduce(buf, 1, DType::F32, s);
+    comm_sync(comm, s, timeout_s);
+    CUDA_CHECK(cudaMemcpy(&sum, buf, sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(buf));
+    return sum;
+}
+
 static int run(Options o, const Launch& launch) {
     LlamaConfig cfg = resolve_config(o);
     if (o.task_vocab < 0) o.task_vocab = std::min(1024, cfg.vocab);
@@ -930,12 +967,25 @@ static int run(Options o, const Launch& launch) {
     }
     if (o.plan) {
         const double rt = runtime_estimate_gib(world);
+        // auto: with a cap, what a run would choose (on an sm_90 GPU, where the fused backward runs).
+        if (o.attention == "auto" && cfg.head_dim == 128 && o.mem_cap_gib > 0) {
+            const bool fits = fused_backward_fits(m, (int64_t)(o.mem_cap_gib * GiB), (int64_t)(rt * GiB));
+            if (fits) plan_fused_backward(m, o, arena);
+            if (lead)
+                printf("attention auto: %s backward (on an sm_90 GPU): its fp32 dQ sums %s under the cap\n",
+                       fits ? "the fused" : "the lean", fits ? "fit" : "would not fit");
+        } else if (o.attention == "auto" && cfg.head_dim == 128 && lead) {
+            printf("attention auto: planned with the lean backward; a run on an sm_90 GPU takes the fused one if its "
+                   "fp32 dQ sums also fit (give --mem-cap-gib to see which)\n");
+        }
         printf("%s", plan_text(arena, host_bytes, rt, false).c_str());
         if (o.mem_cap_gib > 0) {
             double need = arena.total() / GiB + rt;
             if (need <= o.mem_cap_gib) printf("cap %.2f GiB: fits\n", o.mem_cap_gib);
             else printf("cap %.2f GiB: OOM, needs %.2f GiB (next: %s)\n", o.mem_cap_gib, need, next_stage_hint(o).c_str());
-            int64_t longest = longest_context(cfg, o, o.mem_cap_gib, rt);
+            Options lean = o;  // at the longest context, auto falls back to the lean backward
+            if (o.attention == "auto") lean.step.fused_attention = false;
+            int64_t longest = longest_context(cfg, lean, o.mem_cap_gib, rt);
             printf("longest context under %.2f GiB with these flags: %lld tokens (%.2fM)\n", o.mem_cap_gib,
                    (long long)longest, longest / 1048576.0);
         }
@@ -975,7 +1025,6 @@ static int run(Options o, const Launch& launch) {
     if (o.step.fused_attention && !fast_attention)
         usage_error("--attention fused needs the fast kernels (head dim 128 on an sm_90 GPU); this run would use "
                     "attention.cu's");
-    const char* attention_name = !fast_attention ? "reference" : o.step.fused_attention ? "hopper-fused" : "hopper";
     gemm_init(0, nullptr);  // the cuBLASLt handle; workspace attached after allocation
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -1000,6 +1049,15 @@ static int run(Options o, const Launch& launch) {
     // Emulating rank 0 of N: the cap also holds the NCCL buffers that rank would have (the
     // plan's estimate), so what fits here fits there.
     if (simulated) dm.emulated_bytes = (int64_t)(NCCL_OVERHEAD_ESTIMATE_GIB * GiB);
+    // auto: the fused backward if its dQ sums fit on every rank (ranks agree, so they run the same
+    // kernels).
+    if (o.attention == "auto" && fast_attention) {
+        const bool fits = fused_backward_fits(m, dm.cap_bytes, dm.runtime_bytes + dm.emulated_bytes);
+        const bool all_fit =
+            launch.world > 1 ? sum_over_ranks(m.comm, fits ? 0.f : 1.f, stream, o.comm_timeout_s) == 0 : fits;
+        if (all_fit) plan_fused_backward(m, o, arena);
+    }
+    const char* attention_name = !fast_attention ? "reference" : o.step.fused_attention ? "hopper-fused" : "hopper";
     // A run of no steps shows the allocation; the pinned host memory of --offload is planned only.
     m.pin_host = o.steps > 0;
     if (lead) {
@@ -1027,14 +1085,7 @@ static int run(Options o, const Launch& launch) {
         alloc_error = f.what(), alloc_code = f.code;
     }
     if (launch.world > 1) {
-        float* flag = nullptr;
-        CUDA_CHECK(cudaMalloc(&flag, sizeof(float)));
-        float mine = alloc_code ? 1.f : 0.f, failed = 0;
-        CUDA_CHECK(cudaMemcpy(flag, &mine, sizeof(float), cudaMemcpyHostToDevice));
-        m.comm->all_reduce(flag, 1, DType::F32, stream);
-        comm_sync(m.comm, stream, o.comm_timeout_s);
-        CUDA_CHECK(cudaMemcpy(&failed, flag, sizeof(float), cudaMemcpyDeviceToHost));
-        cudaFree(flag);
+        const float failed = sum_over_ranks(m.comm, alloc_code ? 1.f : 0.f, stream, o.comm_timeout_s);
         if (failed > 0) {
             if (alloc_code && (failed < world || rank == 0))
                 fprintf(stderr, "%s%s\n", failed < world ? ("[rank " + std::to_string(rank) + "] ").c_str() : "",
@@ -1097,9 +1148,13 @@ static int run(Options o, const Launch& launch) {
         if (data.file) printf("training %d steps on %s (%llu tokens)\n", o.steps, o.data_path.c_str(),
                               (unsigned long long)data.file->count);
         else printf("training %d steps on the '%s' task (tokens < %d)\n", o.steps, o.task.c_str(), o.task_vocab);
-        printf("  attention kernels: %s\n", !fast_attention                ? "attention.cu (reference)"
-                                         : o.step.fused_attention ? "attention_hopper.cu (wgmma + TMA), fused backward"
-                                                                  : "attention_hopper.cu (wgmma + TMA)");
+        printf("  attention kernels: %s%s\n",
+               !fast_attention          ? "attention.cu (reference)"
+               : o.step.fused_attention ? "attention_hopper.cu (wgmma + TMA), fused backward"
+                                        : "attention_hopper.cu (wgmma + TMA), lean backward",
+               o.attention != "auto" || !fast_attention ? ""
+               : o.step.fused_attention                 ? " (auto: its fp32 dQ sums fit)"
+                                                        : " (auto: the fused backward's fp32 dQ sums would not fit)");
         if (!data.file && o.task == "copy")
             printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
     }

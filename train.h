@@ -25,7 +25,7 @@ struct Options {
     double mem_cap_gib = 0;     // 0: no cap beyond the card
     double peak_tflops = 0;     // MFU denominator; 0: from the GPU's name
     StepOptions step;           // --ckpt, --offload, --chunked, chunk sizes
-    std::string attention = "fast";  // --attention: fast (attention_hopper.cu where it applies) | reference
+    std::string attention = "auto";  // --attention: auto | fast | fused | reference (see --help)
     std::string timeline_path;  // --timeline: event timeline of the last step (needs --offload)
     std::string dump_path;      // --dump: the first step's loss and every gradient
     int nproc = 1;              // --nproc: processes (GPUs) to start

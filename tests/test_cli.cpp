@@ -268,6 +268,10 @@ TEST(Flags, MemoryTechniques) {
     EXPECT_EQ(fatal_code([] { parse({"--timeline", "t.json"}); }), EXIT_USAGE);   // needs --offload
     EXPECT_TRUE(parse({"--attention", "fused"}).step.fused_attention);
     EXPECT_FALSE(parse({"--attention", "fast"}).step.fused_attention);
+    // auto (the default) plans the lean backward until a run (or --plan with a cap) sees the fused one fit.
+    EXPECT_EQ(parse({}).attention, "auto");
+    EXPECT_FALSE(parse({}).step.fused_attention);
+    EXPECT_FALSE(parse({"--attention", "auto"}).step.fused_attention);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -294,6 +298,49 @@ TEST(Binary, PlanNeedsNoGpu) {
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("attention"), std::string::npos);
     EXPECT_NE(r.output.find("OOM, needs"), std::string::npos) << r.output;  // stage 0 at 64K
+}
+
+// --attention auto: the fused backward exactly where its fp32 dQ sums fit under the cap. Llama
+// 3.2 3B at 64K tokens with --ckpt plans 91.24 GiB with the lean backward and 91.99 with the
+// fused one (both with the 0.55 GiB runtime estimate): a 91.6 GiB cap holds only the first.
+double plan_total_gib(const std::string& output) {
+    const size_t p = output.find("  total ");
+    return p == std::string::npos ? NAN : std::atof(output.c_str() + p + 8);
+}
+
+TEST(Binary, AutoAttentionTakesTheFusedBackwardWhereItFits) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    const std::string shape = "--plan --config llama3.2-3b --seq-len 64K --ckpt";
+    Result roomy = run_train(shape + " --mem-cap-gib 93");
+    Result tight = run_train(shape + " --mem-cap-gib 91.6");
+    Result fused = run_train(shape + " --attention fused");
+    Result lean = run_train(shape + " --attention fast");
+    for (const Result* r : {&roomy, &tight, &fused, &lean}) ASSERT_EQ(r->code, 0) << r->output;
+    EXPECT_NE(roomy.output.find("attention auto: the fused backward"), std::string::npos) << roomy.output;
+    EXPECT_NE(roomy.output.find("cap 93.00 GiB: fits"), std::string::npos) << roomy.output;
+    EXPECT_NE(tight.output.find("attention auto: the lean backward"), std::string::npos) << tight.output;
+    EXPECT_NE(tight.output.find("cap 91.60 GiB: fits"), std::string::npos) << tight.output;
+    EXPECT_DOUBLE_EQ(plan_total_gib(roomy.output), plan_total_gib(fused.output));
+    EXPECT_DOUBLE_EQ(plan_total_gib(tight.output), plan_total_gib(lean.output));
+    EXPECT_GT(plan_total_gib(fused.output), plan_total_gib(lean.output) + 0.5);  // 0.75 GiB of dQ sums
+    // The longest context under a cap is the lean backward's: there auto falls back to it.
+    Result longest = run_train(shape + " --mem-cap-gib 93");
+    Result longest_lean = run_train(shape + " --mem-cap-gib 93 --attention fast");
+    const auto longest_line = [](const std::string& out) { return out.substr(out.find("longest context")); };
+    EXPECT_EQ(longest_line(longest.output), longest_line(longest_lean.output));
+}
+
+// On a GPU the run says what auto chose; on Hopper with head dim 128 a small run has room for it.
+TEST(Binary, AutoAttentionSaysWhatItChose) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    REQUIRE_GPU();
+    Result r = run_train("--config tiny-hd128 --seq-len 256 --steps 1 --task random");
+    ASSERT_EQ(r.code, 0) << r.output;
+    if (r.output.find("attention_hopper.cu") == std::string::npos) GTEST_SKIP() << "the fast kernels need sm_90";
+    EXPECT_NE(r.output.find("fused backward (auto: its fp32 dQ sums fit)"), std::string::npos) << r.output;
+    Result lean = run_train("--config tiny-hd128 --seq-len 256 --steps 1 --task random --attention fast");
+    ASSERT_EQ(lean.code, 0) << lean.output;
+    EXPECT_NE(lean.output.find("attention_hopper.cu (wgmma + TMA), lean backward\n"), std::string::npos) << lean.output;
 }
 
 TEST(Binary, NoGpuGivesAClearMessage) {
