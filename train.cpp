@@ -443,6 +443,9 @@ static std::vector<std::string> stage_args(const Options& o, int k, int layers, 
     return a;
 }
 
+static const char* FUSED_NEEDS_FAST_KERNELS =
+    "--attention fused needs the fast kernels (head dim 128 on an sm_90 GPU); this run would use attention.cu's";
+
 static int measure_ladder(const Options& o) {
     const LlamaConfig cfg = resolve_config(o);
     int n_dev = 0;
@@ -451,6 +454,9 @@ static int measure_ladder(const Options& o) {
         fprintf(stderr, "error: the measured ladder runs steps and needs a GPU; `--ladder --plan` needs none\n");
         return EXIT_RUNTIME;
     }
+    // Said once here, not by every stage's child run.
+    if (o.step.fused_attention && !attention_uses_hopper({1, o.seq_len, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}))
+        usage_error(FUSED_NEEDS_FAST_KERNELS);
     const int layers = o.measure_layers > 0 ? o.measure_layers : cfg.n_layers;
     const double cap = o.mem_cap_gib > 0 ? o.mem_cap_gib : 80.0;
     std::vector<LadderRow> full = ladder_plan(o);  // the config's depth: the ladder's verdicts
@@ -1022,9 +1028,7 @@ static int run(Options o, const Launch& launch) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, dm.device));
     attention_use_reference(o.attention == "reference");
     const bool fast_attention = attention_uses_hopper({1, o.seq_len, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim});
-    if (o.step.fused_attention && !fast_attention)
-        usage_error("--attention fused needs the fast kernels (head dim 128 on an sm_90 GPU); this run would use "
-                    "attention.cu's");
+    if (o.step.fused_attention && !fast_attention) usage_error(FUSED_NEEDS_FAST_KERNELS);
     gemm_init(0, nullptr);  // the cuBLASLt handle; workspace attached after allocation
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

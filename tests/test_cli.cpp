@@ -417,6 +417,13 @@ TEST(Binary, MeasuredLadderAgreesWithThePlan) {
         rows++;
     }
     EXPECT_EQ(rows, 7) << r.output;  // stages 0..6 all ran a step
+    // The fused backward where the fast kernels do not run (head dim 64): one usage error up
+    // front, not one per stage.
+    Result f = run_train("--ladder --config tiny --seq-len 256 --steps 1 --sim-world 2 --task random --attention fused");
+    EXPECT_EQ(f.code, 2) << f.output;
+    size_t said = 0;
+    for (size_t p = 0; (p = f.output.find("needs the fast kernels", p)) != std::string::npos; p++) said++;
+    EXPECT_EQ(said, 1u) << f.output;
 }
 
 }  // namespace
