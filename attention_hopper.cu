@@ -283,7 +283,7 @@ __device__ inline void wait_count(const int* count, int value) {
         if ((polls & 1023) == 1023) {  // the timer every 1024 polls, off the common short waits
             const uint64_t now = global_timer_ns();
             if (since == 0) since = now;
-            else if (now - since > WAIT_COUNT_LIMIT_NS) __trap();
+            else if ((int64_t)(now - since) > (int64_t)WAIT_COUNT_LIMIT_NS) __trap();  // signed: a timer step back is no wait
         }
     }
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
@@ -1252,7 +1252,9 @@ int64_t attention_dq_accum_floats(const AttentionShape& sh) {
 // The dispatch the model calls.
 static bool use_reference = false;
 void attention_use_reference(bool on) { use_reference = on; }
-void attention_backward_kv_major_from(int64_t tiles) { hopper::kv_major_min_tiles = tiles; }
+void attention_backward_kv_major_from(int64_t tiles) {
+    hopper::kv_major_min_tiles = tiles > 0 ? tiles : hopper::KV_MAJOR_MIN_TILES;
+}
 void attention_fused_backward_break_order(bool on) { hopper::break_dq_order = on; }
 
 // For 16-byte aligned inputs with row strides of multiples of 8 elements (the model's buffers).

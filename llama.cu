@@ -813,7 +813,7 @@ void model_declare_buffers(Model& m, Arena& A) {
         const AttentionShape call = o.untied ? AttentionShape{m.shape.batch, m.shape.seq, o.untied, 1, c.head_dim}
                                     : sp > 1 ? AttentionShape{1, S_rows, heads.q, heads.kv, c.head_dim}
                                              : AttentionShape{m.shape.batch, m.shape.seq, c.n_heads, c.n_kv_heads, c.head_dim};
-        m.dq_accum = A.take<float>("attention dQ sums, fp32 (--attention fused)", MEM_ATTENTION, attention_dq_accum_floats(call));
+        m.dq_accum = A.take<float>("attention dQ sums, fp32 (fused backward)", MEM_ATTENTION, attention_dq_accum_floats(call));
     }
     if (o.untied) {  // Untied Ulysses (ulysses.cu): one head chunk's buffers, and the layer's input side
         const int K = o.untied, kv = std::max(1, K / (c.n_heads / c.n_kv_heads));

@@ -214,7 +214,7 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh
 // Select attention.cu's kernels for every call (--attention reference; tests and benches).
 void attention_use_reference(bool on);
 // Tests: the fast backward takes its blocks KV head by KV head from this many 128-row tiles of a
-// sequence (default 128, i.e. 16K tokens), else tile by tile across the heads.
+// sequence, else tile by tile across the heads (0: the default, 128 tiles, i.e. 16K tokens).
 void attention_backward_kv_major_from(int64_t tiles);
 // Tests: the fused backward's counts of dQ adds start at -1, a value the order never reaches, so
 // its blocks wait forever; the waits' time limit must then end the launch with an error.

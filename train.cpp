@@ -77,7 +77,8 @@ std::string usage_text() {
            "                       extra buffer); fused = the same with dQ added in fp32 inside the dK/dV kernel (about\n"
            "                       10% faster backward from 16K tokens, 4 bytes per dQ element more); reference =\n"
            "                       attention.cu; auto (default) = fused where its dQ sums fit under the cap, else fast.\n"
-           "                       All are bit-reproducible. --ladder plans and runs fast unless given fused\n"
+           "                       All are bit-reproducible; auto's choice depends on the free memory, so give fast or\n"
+           "                       fused to reproduce a run bit for bit elsewhere. --ladder plans and runs auto as fast\n"
            "  --chunk-tokens N     tokens per chunk of a layer (default: the hidden size)\n"
            "  --loss-chunk-tokens N  tokens per chunk of the LM head and loss (default: logits near 1 GiB)\n"
            "\n"
@@ -976,10 +977,12 @@ static int run(Options o, const Launch& launch) {
         // auto: with a cap, what a run would choose (on an sm_90 GPU, where the fused backward runs).
         if (o.attention == "auto" && cfg.head_dim == 128 && o.mem_cap_gib > 0) {
             const bool fits = fused_backward_fits(m, (int64_t)(o.mem_cap_gib * GiB), (int64_t)(rt * GiB));
+            const bool lean_fits = arena.total() / GiB + rt <= o.mem_cap_gib;
             if (fits) plan_fused_backward(m, o, arena);
             if (lead)
-                printf("attention auto: %s backward (on an sm_90 GPU): its fp32 dQ sums %s under the cap\n",
-                       fits ? "the fused" : "the lean", fits ? "fit" : "would not fit");
+                printf("attention auto: %s\n", fits        ? "the fused backward (on an sm_90 GPU): its fp32 dQ sums fit under the cap"
+                                               : lean_fits ? "the lean backward: the fused one's fp32 dQ sums would not fit under the cap"
+                                                           : "planned with the lean backward; neither fits under the cap");
         } else if (o.attention == "auto" && cfg.head_dim == 128 && lead) {
             printf("attention auto: planned with the lean backward; a run on an sm_90 GPU takes the fused one if its "
                    "fp32 dQ sums also fit (give --mem-cap-gib to see which)\n");
@@ -1055,8 +1058,9 @@ static int run(Options o, const Launch& launch) {
     if (simulated) dm.emulated_bytes = (int64_t)(NCCL_OVERHEAD_ESTIMATE_GIB * GiB);
     // auto: the fused backward if its dQ sums fit on every rank (ranks agree, so they run the same
     // kernels).
-    if (o.attention == "auto" && fast_attention) {
-        const bool fits = fused_backward_fits(m, dm.cap_bytes, dm.runtime_bytes + dm.emulated_bytes);
+    // Every rank takes part in the sum, whatever its kernels, so that the collectives pair up.
+    if (o.attention == "auto") {
+        const bool fits = fast_attention && fused_backward_fits(m, dm.cap_bytes, dm.runtime_bytes + dm.emulated_bytes);
         const bool all_fit =
             launch.world > 1 ? sum_over_ranks(m.comm, fits ? 0.f : 1.f, stream, o.comm_timeout_s) == 0 : fits;
         if (all_fit) plan_fused_backward(m, o, arena);
@@ -1158,7 +1162,7 @@ static int run(Options o, const Launch& launch) {
                                         : "attention_hopper.cu (wgmma + TMA), lean backward",
                o.attention != "auto" || !fast_attention ? ""
                : o.step.fused_attention                 ? " (auto: its fp32 dQ sums fit)"
-                                                        : " (auto: the fused backward's fp32 dQ sums would not fit)");
+                                                        : " (auto: the fused backward's fp32 dQ sums would not fit on every GPU)");
         if (!data.file && o.task == "copy")
             printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
     }

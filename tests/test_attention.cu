@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <tuple>
 
 #include "gpu_util.h"
 #include "reference.h"
@@ -23,12 +25,16 @@ struct Case {
     int Hq, Hkv, d;
     bool reference;      // attention.cu's kernels; else the dispatch's choice (attention_hopper.cu on Hopper)
     bool fused = false;  // the fast kernels' fused backward (an fp32 dQ workspace given)
-    bool kv_major = false;  // the fast backward's blocks KV head by KV head (else so from 16K tokens only)
+    // The fast backward's block order: KV head by KV head, or tile by tile across the heads
+    // (the default picks the first from 16K tokens, so these small cases would see only the second).
+    enum Order { by_size, kv_major, tile_major } order = by_size;
 };
 
 std::string name(const Case& c) {
-    return std::string(c.reference ? "reference" : c.fused ? "fused" : "fast") + (c.kv_major ? " kv-major" : "") + " B" + std::to_string(c.B) + " S" + std::to_string(c.S) +
-           " Hq" + std::to_string(c.Hq) + " Hkv" + std::to_string(c.Hkv) + " d" + std::to_string(c.d);
+    const char* order[] = {"", " kv-major", " tile-major"};
+    return std::string(c.reference ? "reference" : c.fused ? "fused" : "fast") + order[c.order] + " B" +
+           std::to_string(c.B) + " S" + std::to_string(c.S) + " Hq" + std::to_string(c.Hq) + " Hkv" +
+           std::to_string(c.Hkv) + " d" + std::to_string(c.d);
 }
 
 bool hopper_gpu() {
@@ -42,13 +48,13 @@ bool hopper_gpu() {
 // Select the kernels of a case, and make sure the fast case really runs the fast kernels where
 // they exist (else both cases would test the reference twice). Restored at scope exit.
 struct KernelChoice {
-    KernelChoice(bool reference, const AttentionShape& sh, bool kv_major = false) {
+    KernelChoice(bool reference, const AttentionShape& sh, Case::Order order = Case::by_size) {
         attention_use_reference(reference);
-        attention_backward_kv_major_from(kv_major ? 1 : 128);
+        attention_backward_kv_major_from(order == Case::kv_major ? 1 : order == Case::tile_major ? INT64_MAX : 0);
         if (!reference && sh.head_dim == 128 && hopper_gpu()) EXPECT_TRUE(attention_uses_hopper(sh));
         if (reference) EXPECT_FALSE(attention_uses_hopper(sh));
     }
-    ~KernelChoice() { attention_use_reference(false), attention_backward_kv_major_from(128); }
+    ~KernelChoice() { attention_use_reference(false), attention_backward_kv_major_from(0); }  // 0: the default
 };
 
 // A fused [T, (Hq + 2 Hkv) d] buffer on the device, and q, k, v as dense copies for the reference.
@@ -91,7 +97,7 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     upload(qkv, in.fused), upload(d_dout, dout);
     poison(out.ptr, T * in.qd), poison(lse.ptr, lse.n), poison(dqkv.ptr, T * in.ld);
     AttentionShape sh{c.B, c.S, c.Hq, c.Hkv, c.d};
-    KernelChoice choice(c.reference, sh, c.kv_major);
+    KernelChoice choice(c.reference, sh, c.order);
     AttentionForwardArgs fa{qkv, qkv + in.qd, qkv + in.qd + in.kd, in.ld, in.ld, in.ld, out, in.qd, lse};
     attention_forward(fa, sh, 0);
     AttentionBackwardArgs ba{qkv, qkv + in.qd, qkv + in.qd + in.kd, out, d_dout, in.ld, in.ld, in.ld, in.qd, in.qd,
@@ -134,11 +140,10 @@ std::vector<Case> both_kernels(std::vector<Case> shapes) {
     for (Case c : shapes) {
         c.reference = true, all.push_back(c);
         if (c.d != 128) continue;
-        // The fast kernels, both backwards, each in both block orders (these shapes are all
-        // below the 16K tokens from which the backward goes KV head by KV head by itself).
+        // The fast kernels, both backwards, each in both block orders.
         c.reference = false;
         for (bool fused : {false, true})
-            for (bool kv_major : {false, true}) c.fused = fused, c.kv_major = kv_major, all.push_back(c);
+            for (Case::Order order : {Case::tile_major, Case::kv_major}) c.fused = fused, c.order = order, all.push_back(c);
     }
     return all;
 }
@@ -168,17 +173,19 @@ AttentionBackwardArgs forward_one_sequence(const AttentionShape& sh, int64_t ld,
 
 // Every backward is bit-reproducible: the same inputs give the same bits, run after run. The fused
 // backward's dQ is summed by the TMA unit from many blocks; without its fixed order of adds
-// (by key tile) two runs differed in their last bits at this shape on an H200 (3B heads, 16K
-// tokens: 1032 dK/dV blocks, about eight waves). Inputs drawn on the device.
-class AttentionRepeat : public ::testing::TestWithParam<bool> {};
+// (by key tile) two runs differed in their last bits at 16K tokens on an H200 (3B heads: 1032
+// dK/dV blocks, about eight waves). At 8K + 37 tokens (65 tiles) the blocks go tile by tile
+// across the heads, at 16K + 37 (129 tiles) KV head by KV head: both orders over several waves.
+// Inputs drawn on the device.
+class AttentionRepeat : public ::testing::TestWithParam<std::tuple<bool, int64_t>> {};
 
 TEST_P(AttentionRepeat, BackwardGivesTheSameBitsTwice) {
     REQUIRE_GPU();
-    const bool fused = GetParam();
+    const bool fused = std::get<0>(GetParam());
+    const int64_t S = std::get<1>(GetParam());
     if (fused && !hopper_gpu()) GTEST_SKIP() << "the fused backward needs the fast kernels (sm_90)";
     const uint64_t seed = fresh_seed();
-    SCOPED_TRACE(std::string(fused ? "fused" : "fast") + " seed " + std::to_string(seed));
-    const int64_t S = 16384 + 37;
+    SCOPED_TRACE(std::string(fused ? "fused" : "fast") + " S " + std::to_string(S) + " seed " + std::to_string(seed));
     const int Hq = 24, Hkv = 8, d = 128;
     const int64_t qd = Hq * d, kd = Hkv * d, ld = qd + 2 * kd;
     DeviceBuffer<bf16> qkv(S * ld), out(S * qd), dout(S * qd), dqkv(S * ld);
@@ -206,8 +213,12 @@ TEST_P(AttentionRepeat, BackwardGivesTheSameBitsTwice) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, AttentionRepeat, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "fused" : "fast"; });
+INSTANTIATE_TEST_SUITE_P(Kernels, AttentionRepeat,
+                         ::testing::Combine(::testing::Values(false, true), ::testing::Values((int64_t)8192 + 37, (int64_t)16384 + 37)),
+                         [](const ::testing::TestParamInfo<std::tuple<bool, int64_t>>& i) {
+                             return std::string(std::get<0>(i.param) ? "fused_" : "fast_") +
+                                    std::to_string(std::get<1>(i.param));
+                         });
 
 // The fused backward's ordered dQ adds wait on counts, relying on blocks starting in grid order
 // (see attention_hopper.cu). If that ever breaks, the launch must fail with an error, not hang:

@@ -125,9 +125,16 @@ TEST(MultiGpu, UlyssesAndFsdpMatchOneGpu) {
                                             "--nproc 2 --ulysses --untied", "--nproc 2 --ulysses --untied=2 --ckpt=selective",
                                             "--nproc 2 --stage 6 --chunk-tokens 56"});
     }
-    // On Hopper the runs above take the fused attention backward (dQ summed in fp32 by the dK/dV
-    // kernel; --attention auto finds room for it). Each backward against the other: fused under
-    // Ulysses and Untied Ulysses against the lean one on one GPU, and the lean one on two GPUs.
+}
+
+// On Hopper the tiny-hd128 runs above take the fused attention backward (dQ summed in fp32 by the
+// dK/dV kernel; --attention auto finds room for it). Each backward against the other: fused under
+// Ulysses and Untied Ulysses against the lean one on one GPU, and the lean one on two GPUs.
+TEST(MultiGpu, FusedAndLeanBackwardsMatchOneGpu) {
+    REQUIRE_GPUS(2);
+    cudaDeviceProp prop;
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "the fused backward needs the fast kernels (sm_90)";
     const std::string common = "--config tiny-hd128 --layers 3 --task random --steps 3 --lr 2e-3 --seed 11 --seq-len 400 --batch 1";
     expect_same_as_one_gpu(common, "--attention fast",
                            {"--nproc 2 --ulysses --attention fused", "--nproc 2 --stage 6 --chunk-tokens 56 --attention fused",
