@@ -50,18 +50,18 @@
 //     S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K (K MN-major)
 //   S and dP are computed in both kernels (7 products where 5 are counted): the price of no
 //   atomics, and of no fp32 dQ accumulator (4 bytes per element of dQ) beside the bf16 tensors.
-// Fused backward (--attention fused, an fp32 dQ workspace given): the dK/dV kernel also
-//   computes dQ = dS K per step and has the TMA unit add it to the workspace (see the kernel);
-//   5 products, faster from 16K tokens, 4 bytes per dQ element. Its adds to each query tile go in
-//   a fixed order (by key tile), so it too is bit-reproducible.
+// Fused backward (--attention fused, and what --attention auto takes where the workspace fits:
+//   an fp32 dQ workspace given): the dK/dV kernel also computes dQ = dS K per step and has the
+//   TMA unit add it to the workspace (see the kernel); 5 products, 4 bytes per dQ element. Its
+//   adds to each query tile go in a fixed order (by key tile), so it too is bit-reproducible.
 //
 // Speed on an H200 (build/bench_attention beside bench/attention_vs_torch.py, same device call,
 // both alternating forward and backward; results/attention_h200.json), causal, 8K-128K tokens,
-// the 3B (24/8 heads) and 8B (32/8) shapes, the commit that walked the backward by KV heads:
-//   forward         575-623 TFLOP/s   PyTorch flash 280-353, cuDNN 523-618 (attention.cu, an
+// the 3B (24/8 heads) and 8B (32/8) shapes, commit ffffbaf (the backward's block order by size):
+//   forward         576-618 TFLOP/s   PyTorch flash 291-350, cuDNN 502-617 (attention.cu, an
 //                                     earlier run: 216-232)
-//   backward        426-484 TFLOP/s   PyTorch flash 248-325, cuDNN 455-537 (attention.cu 118-144)
-//   fused backward  433-544 TFLOP/s   (509-544 from 16K: 0.98-1.02x cuDNN's)
+//   backward        467-501 TFLOP/s   PyTorch flash 256-324, cuDNN 445-535 (attention.cu 118-144)
+//   fused backward  481-544 TFLOP/s   (502-542 from 16K: 0.98-1.01x cuDNN's)
 // The deterministic backward's two kernels run their own products at 640-670 (dK/dV) and
 // 690-720 (dQ) TFLOP/s (tuning bench); the gap to the fused one is the two recomputed products.
 // What most of the backward's gain over the previous version came from: masks evaluated on
