@@ -3,9 +3,10 @@
 // fast ones the model uses on Hopper, head dim 128): GQA, head dims 64 and 128, sequence lengths
 // that are not multiples of the tiles, several sequences per call, q/k/v as column slices of one
 // fused QKV buffer (as the model uses them), poisoned outputs. The fast kernels' fused backward
-// (dQ added in fp32 inside the dK/dV kernel, --attention fused) runs the same cases. Every
-// backward gives the same bits twice. Then one long sequence whose element offsets pass 2^31,
-// checked on sampled rows and keys in float64.
+// (dQ added in fp32 inside the dK/dV kernel, --attention fused) runs the same cases, and both
+// fast backwards run each in both block orders. Every backward gives the same bits twice; a
+// broken order of the fused backward's adds fails its launch instead of hanging. Then one long
+// sequence whose element offsets pass 2^31, checked on sampled rows and keys in float64.
 #include <unistd.h>
 
 #include <algorithm>
