@@ -705,162 +705,167 @@ void init_constant(float* x, int64_t n, float value, cudaStream_t s) {
 // =============================================================================================
 // The model: buffers, initialization, one step.
 //
-// What a step keeps depends on the memory flags (see StepOptions):
-//
-//   buffer                 stage 0 (plain)   --chunked          --ckpt             --ckpt=selective
-//   x_in (block inputs)    L x [T, D]        L x [T, D]         L x [T, D] (1)     L x [T, D] (1)
-//   qkv                    L x [T, qkv]      L x [T, qkv]       1 x [T, qkv]       1 x [T, qkv]
-//   att, lse               L x               L x                1 x                L x (1)
-//   x_mid                  L x [T, D]        L x [T, D]         1 x [chunk, D]     1 x [chunk, D]
-//   xn1, xn2, h13, act     L x [T, ...]      1 x [chunk, ...]   1 x [chunk, ...]   1 x [chunk, ...]
-//   logits                 [T, V]            [loss chunk, V]    (as chunked or not)
-//
-// (1) with --offload these live in pinned host memory, and the device keeps two staging slots
-// (offload.cu). "1 x" buffers are shared by all layers: each layer recomputes them in its
-// backward. chunk = T without --chunked.
-static int64_t slot_rows(const Model& m) { return m.shape.tokens(); }
-
-template <class T>
-static T* slot(T* base, int64_t index, int64_t size) {
-    return base ? base + index * size : nullptr;  // the dry run has no base
+// model_declare_buffers first decides how the step holds each activation (the ActivationPlan
+// of llama.h): the plain model keeps all of them, a slot per layer, and each memory technique
+// changes that in its *_plan function. Then every buffer is declared from the plan. The plain
+// step (ladder stage 0) keeps, per token and layer, in bytes:
+//   other:     2 (4 D + 3 F) + 8          (x_in, xn1, x_mid, xn2, h13, act; two rstd)
+//   attention: 2 (qkv_dim + Hq d) + 4 Hq  (qkv, att, lse)
+// plus logits 2 V per token, and 18 bytes per parameter for model states (fp32 master, grad,
+// two AdamW moments, bf16 compute copy).
+static ActivationPlan plain_plan(const Model& m) {
+    ActivationPlan p;  // every activation kept per layer
+    p.chunk_rows = p.loss_rows = m.shape.tokens();  // every layer and the head take all tokens at once
+    return p;
 }
 
-void model_declare_buffers(Model& m, Arena& A) {
-    const LlamaConfig& c = m.cfg;
-    const StepOptions& o = m.opt;
-    m.layout = param_layout(c);
-    const int64_t T = slot_rows(m), D = c.dim, F = c.ffn_dim;
-    const int64_t QKV = c.qkv_dim(), QD = c.q_dim(), L = c.n_layers;
-    // Attention's view: the whole sequence, this GPU's heads (all of them without Ulysses).
-    const int sp = m.shape.sp;
-    const UlyssesHeads heads = ulysses_heads(c, sp);
-    const int64_t S_rows = T * sp, WH = heads.width(c.head_dim), QDH = (int64_t)heads.q * c.head_dim;
-    const int64_t lse_n = m.lse_elems = (int64_t)m.shape.batch * heads.q * m.shape.seq;
-    m.chunk_rows = chunk_rows_for(c, o, T);
-    m.loss_rows = loss_chunk_rows_for(c, o, T);
-    const int64_t W = m.chunk_rows;
-    // Bytes that one layer's saved activations take in each category (--mem-trace): the
-    // buffers below that are kept with one slot per layer (not staging or working slots).
-    for (int64_t& b : m.saved_per_layer) b = 0;
-    auto per_layer = [&](MemCategory cat, bool kept_per_layer, int64_t bytes_per_slot) {
-        if (kept_per_layer) m.saved_per_layer[cat] += bytes_per_slot;
-    };
+// Slots of a per-layer activation held as `h`, for `layers` layers.
+static int64_t slot_count(Hold h, int64_t layers) {
+    switch (h) {
+        case Hold::PER_LAYER: return layers;
+        case Hold::ON_HOST: return 2;  // staging: layer l uses slot l % 2
+        case Hold::SHARED: return 1;
+        case Hold::NONE: return 0;
+    }
+    return 0;
+}
+// Layer l's slot of an activation held as `h`, `size` elements a slot (the dry run has no base).
+template <class T>
+static T* slot(T* base, Hold h, int64_t l, int64_t size) {
+    if (!base || h == Hold::NONE) return nullptr;
+    const int64_t index = h == Hold::PER_LAYER ? l : h == Hold::ON_HOST ? l % 2 : 0;
+    return base + index * size;
+}
 
-    // Model states: 18 bytes per parameter, all of them or (--fsdp) this GPU's shards.
-    const int64_t P = m.local_params = fsdp_local_params(c, o.fsdp, m.world);
+// An activation of every layer: its slots, and its bytes in the per-layer count of --mem-trace
+// when each layer keeps its own on the device.
+template <class T>
+static T* take_activation(Model& m, Arena& A, const char* name, MemCategory cat, Hold h, int64_t layers,
+                          int64_t per_slot) {
+    if (h == Hold::PER_LAYER) m.saved_per_layer[cat] += per_slot * (int64_t)sizeof(T);
+    return A.take<T>(name, cat, slot_count(h, layers) * per_slot);
+}
+
+static void declare_model_states(Model& m, Arena& A) {
+    // 18 bytes per parameter: all of them, or (--fsdp) this GPU's shards.
+    const int64_t P = m.local_params = fsdp_local_params(m.cfg, m.opt.fsdp, m.world);
     m.master = A.take<float>("master weights (fp32)", MEM_MODEL, P);
     m.grad = A.take<float>("gradients (fp32)", MEM_MODEL, P);
     m.adam_m = A.take<float>("AdamW first moment", MEM_MODEL, P);
     m.adam_v = A.take<float>("AdamW second moment", MEM_MODEL, P);
     m.weights = A.take<bf16>("weights (bf16 compute copy)", MEM_MODEL, P);
-    fsdp_declare_buffers(m, A);  // gathered units and unit gradients (comm) under --fsdp
+}
 
-    // Block inputs: the residual stream of every layer, or two staging slots (--offload).
-    const int64_t x_slots = o.offload ? 2 : L + 1;
-    bf16* x = A.take<bf16>(o.offload ? "block input staging [2, T, D]" : "residual stream [L+1, T, D]",
-                           MEM_OTHER, x_slots * T * D);
-    // Attention output and lse: per layer, two staging slots (selective + offload), or one.
-    const int64_t att_slots = !m.keeps_att_output() ? 1 : (o.offload ? 2 : L);
-    bf16* att = A.take<bf16>("attention output", MEM_ATTENTION, att_slots * T * QD);
-    float* lse = A.take<float>("attention lse", MEM_ATTENTION, att_slots * lse_n);
-    const int64_t qkv_slots = o.untied ? 0 : (m.keeps_attention() ? L : 1);  // untied: per chunk
-    bf16* qkv = A.take<bf16>("qkv", MEM_ATTENTION, qkv_slots * S_rows * WH);  // [S, heads] = [T, QKV] without Ulysses
-    const int64_t mid_slots = m.keeps_attention() ? L : 1, mid_rows = m.keeps_attention() ? T : W;
-    bf16* x_mid = A.take<bf16>("x_mid (residual after attention)", MEM_OTHER, mid_slots * mid_rows * D);
-    const int64_t mlp_slots = m.keeps_mlp() ? L : 1;  // rows W (= T when they are kept)
-    per_layer(MEM_OTHER, !o.offload, T * D * 2);
-    per_layer(MEM_ATTENTION, m.keeps_att_output() && !o.offload, T * QD * 2 + lse_n * 4);
-    per_layer(MEM_ATTENTION, m.keeps_attention() && !o.untied, S_rows * WH * 2);
-    per_layer(MEM_OTHER, m.keeps_attention(), mid_rows * D * 2);
-    per_layer(MEM_OTHER, m.keeps_mlp(), W * (2 * D * 2 + 2 * 4 + 3 * F * 2));
-    bf16* xn1 = A.take<bf16>("xn1 (attention norm output)", MEM_OTHER, mlp_slots * W * D);
-    float* rstd1 = A.take<float>("rstd1", MEM_OTHER, mlp_slots * W);
-    bf16* xn2 = A.take<bf16>("xn2 (MLP norm output)", MEM_OTHER, mlp_slots * W * D);
-    float* rstd2 = A.take<float>("rstd2", MEM_OTHER, mlp_slots * W);
-    bf16* h13 = A.take<bf16>("h13 (gate | up)", MEM_OTHER, mlp_slots * W * 2 * F);
-    bf16* act = A.take<bf16>("act (silu(gate) * up)", MEM_OTHER, mlp_slots * W * F);
+// Every layer's activations, as the plan holds them.
+static void declare_activations(Model& m, Arena& A) {
+    const LlamaConfig& c = m.cfg;
+    const ActivationPlan& p = m.plan;
+    const int64_t T = m.shape.tokens(), D = c.dim, F = c.ffn_dim, QD = c.q_dim(), L = c.n_layers;
+    const int64_t C = p.chunk_rows, mid_rows = p.x_mid == Hold::PER_LAYER ? T : C;
+    // Attention's view: the whole sequence, this GPU's heads (all of them without Ulysses).
+    const UlyssesHeads heads = ulysses_heads(c, m.shape.sp);
+    const int64_t S_rows = T * m.shape.sp, WH = heads.width(c.head_dim);
+    const int64_t lse_n = m.lse_elems = (int64_t)m.shape.batch * heads.q * m.shape.seq;
+    for (int64_t& b : m.saved_per_layer) b = 0;
+
+    // The residual stream: every layer's input and the last layer's output (L + 1 slots).
+    bf16* x = take_activation<bf16>(m, A, "block inputs (residual stream)", MEM_OTHER, p.x_in, L + 1, T * D);
+    bf16* att = take_activation<bf16>(m, A, "attention output", MEM_ATTENTION, p.att, L, T * QD);
+    float* lse = take_activation<float>(m, A, "attention lse", MEM_ATTENTION, p.att, L, lse_n);
+    bf16* qkv = take_activation<bf16>(m, A, "qkv", MEM_ATTENTION, p.qkv, L, S_rows * WH);  // [S, heads] = [T, QKV] without Ulysses
+    bf16* x_mid = take_activation<bf16>(m, A, "x_mid (residual after attention)", MEM_OTHER, p.x_mid, L, mid_rows * D);
+    // The norms' outputs and the MLP's intermediates hold one chunk's rows (all T when kept per layer).
+    const Hold h = p.norms_mlp;
+    bf16* xn1 = take_activation<bf16>(m, A, "xn1 (attention norm output)", MEM_OTHER, h, L, C * D);
+    float* rstd1 = take_activation<float>(m, A, "rstd1", MEM_OTHER, h, L, C);
+    bf16* xn2 = take_activation<bf16>(m, A, "xn2 (MLP norm output)", MEM_OTHER, h, L, C * D);
+    float* rstd2 = take_activation<float>(m, A, "rstd2", MEM_OTHER, h, L, C);
+    bf16* h13 = take_activation<bf16>(m, A, "h13 (gate | up)", MEM_OTHER, h, L, C * 2 * F);
+    bf16* act = take_activation<bf16>(m, A, "act (silu(gate) * up)", MEM_OTHER, h, L, C * F);
 
     m.layers.assign(L, LayerActivations());
     for (int64_t l = 0; l < L; l++) {
         LayerActivations& a = m.layers[l];
-        a.x_in = slot(x, o.offload ? l % 2 : l, T * D);
-        a.x_out = slot(x, o.offload ? (l + 1) % 2 : l + 1, T * D);
-        int64_t as = att_slots == 1 ? 0 : (o.offload ? l % 2 : l);
-        a.att = slot(att, as, T * QD);
-        a.lse = slot(lse, as, lse_n);
-        a.qkv = qkv_slots == 0 ? nullptr : slot(qkv, qkv_slots == 1 ? 0 : l, S_rows * WH);
-        a.x_mid = slot(x_mid, mid_slots == 1 ? 0 : l, mid_rows * D);
-        int64_t ms = mlp_slots == 1 ? 0 : l;
-        a.xn1 = slot(xn1, ms, W * D), a.rstd1 = slot(rstd1, ms, W);
-        a.xn2 = slot(xn2, ms, W * D), a.rstd2 = slot(rstd2, ms, W);
-        a.h13 = slot(h13, ms, W * 2 * F), a.act = slot(act, ms, W * F);
+        a.x_in = slot(x, p.x_in, l, T * D);
+        a.x_out = slot(x, p.x_in, l + 1, T * D);
+        a.att = slot(att, p.att, l, T * QD);
+        a.lse = slot(lse, p.att, l, lse_n);
+        a.qkv = slot(qkv, p.qkv, l, S_rows * WH);
+        a.x_mid = slot(x_mid, p.x_mid, l, mid_rows * D);
+        a.xn1 = slot(xn1, h, l, C * D), a.rstd1 = slot(rstd1, h, l, C);
+        a.xn2 = slot(xn2, h, l, C * D), a.rstd2 = slot(rstd2, h, l, C);
+        a.h13 = slot(h13, h, l, C * 2 * F), a.act = slot(act, h, l, C * F);
     }
-    m.x_final = slot(x, o.offload ? L % 2 : L, T * D);
+    m.x_final = slot(x, p.x_in, L, T * D);
+}
 
-    // LM head and loss, m.loss_rows tokens at a time (all of them without --chunked).
-    m.xnf = A.take<bf16>("final norm output", MEM_OTHER, m.loss_rows * D);
-    m.rstdf = A.take<float>("final rstd", MEM_OTHER, m.loss_rows);
-    m.logits = A.take<bf16>("logits", MEM_OTHER, m.loss_rows * c.vocab);
+// The shape of one attention call: every head of each sequence, or this GPU's share of the
+// heads over the whole sequence (ulysses.cu), or one head chunk (untied.cu).
+static AttentionShape attention_call_shape(const Model& m) {
+    if (m.untied) return untied_attention_shape(m);
+    if (m.ulysses) return ulysses_attention_shape(m);
+    return {m.shape.batch, m.shape.seq, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim};
+}
+
+static void declare_head_and_gradients(Model& m, Arena& A) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t T = m.shape.tokens(), D = c.dim;
+    // LM head and loss, m.plan.loss_rows tokens at a time.
+    m.xnf = A.take<bf16>("final norm output", MEM_OTHER, m.plan.loss_rows * D);
+    m.rstdf = A.take<float>("final rstd", MEM_OTHER, m.plan.loss_rows);
+    m.logits = A.take<bf16>("logits", MEM_OTHER, m.plan.loss_rows * c.vocab);
     m.losses = A.take<float>("per-token losses", MEM_OTHER, T);
-
-    // Backward. The residual gradient and the attention block's gradients span the sequence
-    // (attention's backward needs all of it); the rest is per chunk.
+    // The residual gradient and attention's gradients span the sequence.
     m.dres = A.take<bf16>("d residual", MEM_OTHER, T * D);
-    m.dqkv = (sp > 1 || o.untied) ? nullptr : A.take<bf16>("d qkv", MEM_ATTENTION, T * QKV);  // Ulysses: shares a2a_send
-    m.datt = o.untied ? nullptr : A.take<bf16>("d attention output", MEM_ATTENTION, T * QD);  // untied: per chunk
-    m.delta = o.untied ? nullptr : A.take<float>("attention delta", MEM_ATTENTION, lse_n);
-    if (o.fused_attention) {  // the fused backward's fp32 dQ sums: 4 bytes per dQ element of one call
-        const AttentionShape call = o.untied ? AttentionShape{m.shape.batch, m.shape.seq, o.untied, 1, c.head_dim}
-                                    : sp > 1 ? AttentionShape{1, S_rows, heads.q, heads.kv, c.head_dim}
-                                             : AttentionShape{m.shape.batch, m.shape.seq, c.n_heads, c.n_kv_heads, c.head_dim};
-        m.dq_accum = A.take<float>("attention dQ sums, fp32 (fused backward)", MEM_ATTENTION, attention_dq_accum_floats(call));
+    if (m.plan.dqkv != Hold::NONE) m.dqkv = A.take<bf16>("d qkv", MEM_ATTENTION, T * c.qkv_dim());
+    if (m.plan.datt != Hold::NONE) {
+        m.datt = A.take<bf16>("d attention output", MEM_ATTENTION, T * c.q_dim());
+        m.delta = A.take<float>("attention delta", MEM_ATTENTION, m.lse_elems);
     }
-    if (o.untied) {  // Untied Ulysses (ulysses.cu): one head chunk's buffers, and the layer's input side
-        const int K = o.untied, kv = std::max(1, K / (c.n_heads / c.n_kv_heads));
-        const int64_t w = (int64_t)K * c.head_dim, kvw2 = 2LL * kv * c.head_dim;
-        m.untied_dxn = A.take<bf16>("untied: d normalized input", MEM_OTHER, T * D);
-        m.untied_q_send = A.take<bf16>("untied: q send (and d out, d q)", MEM_COMM, S_rows * w);
-        m.untied_o_recv = A.take<bf16>("untied: out / dq receive", MEM_COMM, S_rows * w);
-        m.untied_kv_send = A.take<bf16>("untied: k|v send (and dk|dv receive)", MEM_COMM, S_rows * kvw2);
-        m.untied_q = A.take<bf16>("untied: q, head-sharded", MEM_ATTENTION, S_rows * w);
-        m.untied_kv = A.take<bf16>("untied: k|v, head-sharded", MEM_ATTENTION, S_rows * kvw2);
-        m.untied_o = A.take<bf16>("untied: out / d out, head-sharded", MEM_ATTENTION, S_rows * w);
-        m.untied_dq = A.take<bf16>("untied: dq, head-sharded", MEM_ATTENTION, S_rows * w);
-        m.untied_dkv = A.take<bf16>("untied: dk|dv of the KV group", MEM_ATTENTION, S_rows * kvw2);
-        m.untied_delta_send = A.take<float>("untied: delta send", MEM_COMM, S_rows * K);
-        m.untied_delta_recv = A.take<float>("untied: delta receive", MEM_COMM, S_rows * K);
-        m.untied_delta_heads = A.take<float>("untied: delta, head-sharded", MEM_ATTENTION, S_rows * K);
-    } else if (sp > 1) {  // Ulysses (ulysses.cu): the token-sharded side and the all-to-all staging
-        // Buffers whose lifetimes never overlap share memory: the projection output is packed
-        // before anything is received; the head-sharded output is sent on before the head-sharded
-        // output gradient arrives; d qkv is unpacked after the send buffer's last use.
-        const int64_t a2a = T * std::max<int64_t>(sp * WH, QD);  // >= T * QKV
-        m.a2a_send = A.take<bf16>("all-to-all send (and d qkv)", MEM_COMM, a2a);
-        m.a2a_recv = A.take<bf16>("all-to-all receive (and qkv before it)", MEM_COMM, a2a);
-        m.qkv_local = m.a2a_recv;
-        m.dqkv = m.a2a_send;
-        m.att_heads = A.take<bf16>("attention output / its gradient, head-sharded", MEM_ATTENTION, S_rows * QDH);
-        m.datt_heads = m.att_heads;
-        m.dqkv_heads = A.take<bf16>("d qkv, head-sharded", MEM_ATTENTION, S_rows * WH);
-        m.delta_local = A.take<float>("delta, token-sharded", MEM_COMM, T * c.n_heads);
-        m.delta_send = A.take<float>("delta all-to-all send", MEM_COMM, T * c.n_heads);
-        m.delta_recv = A.take<float>("delta all-to-all receive", MEM_COMM, T * c.n_heads);
-    }
-    m.dxn = A.take<bf16>("d norm output", MEM_OTHER, std::max(W, m.loss_rows) * D);
-    m.dh13 = A.take<bf16>("d h13", MEM_OTHER, W * 2 * F);
-    m.dact = A.take<bf16>("d act", MEM_OTHER, W * F);
+    if (m.opt.fused_attention)  // the fused backward's fp32 dQ sums: 4 bytes per dQ element of one call
+        m.dq_accum = A.take<float>("attention dQ sums, fp32 (fused backward)", MEM_ATTENTION,
+                                   attention_dq_accum_floats(attention_call_shape(m)));
+}
+
+// One chunk's work buffers of the backward, reductions, and the step's inputs.
+static void declare_chunk_work_and_inputs(Model& m, Arena& A) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t T = m.shape.tokens(), C = m.plan.chunk_rows, F = c.ffn_dim;
+    m.dxn = A.take<bf16>("d norm output", MEM_OTHER, std::max(C, m.plan.loss_rows) * c.dim);
+    m.dh13 = A.take<bf16>("d h13", MEM_OTHER, C * 2 * F);
+    m.dact = A.take<bf16>("d act", MEM_OTHER, C * F);
     m.norm_partial = A.take<float>("rmsnorm dw partials", MEM_WORKSPACE, rmsnorm_partial_floats(c.dim));
     m.reduce_scratch = A.take<float>("reduction scratch", MEM_WORKSPACE, sum_scratch_floats());
     m.scalars = A.take<float>("step scalars", MEM_WORKSPACE, 4);
 
     m.tokens = A.take<int32_t>("tokens", MEM_OTHER, T);
     m.targets = A.take<int32_t>("targets", MEM_OTHER, T);
-    int64_t max_groups = std::min<int64_t>(T, c.vocab);
+    const int64_t max_groups = std::min<int64_t>(T, c.vocab);
     m.emb_group_token = A.take<int32_t>("embedding groups", MEM_OTHER, max_groups);
     m.emb_group_begin = A.take<int64_t>("embedding group starts", MEM_OTHER, max_groups + 1);
     m.emb_positions = A.take<int64_t>("embedding positions", MEM_OTHER, T);
     m.inv_freq = A.take<double>("rope frequencies", MEM_OTHER, c.head_dim / 2);
     m.gemm_workspace = A.take_bytes("cuBLASLt workspace", MEM_WORKSPACE, m.gemm_workspace_bytes);
+}
+
+void model_declare_buffers(Model& m, Arena& A) {
+    m.layout = param_layout(m.cfg);
+    m.ulysses.reset(), m.untied.reset();  // their *_plan make them again when they are on
+    // How the step holds its activations: the plain model's plan, then each technique's change.
+    m.plan = plain_plan(m);
+    ulysses_plan(m);        // --ulysses: d q|k|v arrives in Ulysses's staging
+    checkpointing_plan(m);  // --ckpt: keep block inputs only (=selective: and attention output)
+    offload_plan(m);        // --offload: what is kept lives on the host, staged through two slots
+    chunked_plan(m);        // --chunked: layers and the head walk their tokens in chunks
+    untied_plan(m);         // --untied: attention's inputs and gradients per head chunk, its own buffers
+
+    declare_model_states(m, A);
+    fsdp_declare_buffers(m, A);     // --fsdp: gathered units and unit gradients
+    declare_activations(m, A);
+    declare_head_and_gradients(m, A);
+    untied_declare_buffers(m, A);   // --untied: one head chunk's buffers
+    ulysses_declare_buffers(m, A);  // --ulysses: all-to-all staging and head-sharded buffers
+    declare_chunk_work_and_inputs(m, A);
 }
 
 void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string& oom_hint) {
@@ -878,7 +883,7 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     // Constant tables belong to the model's setup, not to its weights.
     std::vector<double> inv = rope_inv_freq(m.cfg);
     CUDA_CHECK(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
-    if (m.opt.offload && m.pin_host) offload_create(m);  // pinned host memory, once for the whole run
+    if (m.pin_host) offload_create(m);  // --offload's pinned host memory, once for the whole run
     if (!m.comm) m.comm = comm_single(), m.owns_comm = true;
     if (!m.comm_fsdp) m.comm_fsdp = m.comm->split();
     if (!m.comm_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
@@ -944,9 +949,10 @@ void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cu
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-static AttentionShape attention_shape(const Model& m) {  // without Ulysses
-    return {m.shape.batch, m.shape.seq, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim};
-}
+// ---------------------------------------------------------------------------------------------
+// One layer, in pieces. Each per-token piece works on tokens [t0, t1) of this GPU; a layer walks
+// its tokens in chunks (FOR_EACH_CHUNK: one chunk of all T tokens unless --chunked). Full-length
+// buffers are indexed by token; the norms' and the MLP's work buffers hold the chunk's rows.
 
 // Rows from token t0 on of a full-length [T, width] buffer.
 template <class P>
@@ -954,35 +960,39 @@ static P at(P base, int64_t t0, int64_t width) {
     return base + t0 * width;
 }
 
-// The layers walk their tokens in chunks of m.chunk_rows (one chunk without --chunked).
-#define FOR_EACH_CHUNK(m, t0, t1)                                                              \
-    for (int64_t t0 = 0, t1 = std::min((m).chunk_rows, (m).shape.tokens());                   \
-         t0 < (m).shape.tokens(); t0 = t1, t1 = std::min(t1 + (m).chunk_rows, (m).shape.tokens()))
+// Where layer l's projection writes q|k|v of this GPU's tokens: the layer's qkv, or under
+// Ulysses the staging its all-to-all sends from (ulysses.cu).
+bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? ulysses_qkv_of_tokens(m) : m.layers[l].qkv; }
+// Where the backward finds d q|k|v of this GPU's tokens.
+static bf16* dqkv_of_tokens(Model& m) { return m.ulysses ? ulysses_dqkv_of_tokens(m) : m.dqkv; }
 
-// xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; RoPE on q and k. Tokens [t0, t1).
-static void attention_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+// xn1, rstd1 = rmsnorm(x_in)
+void attention_norm_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
+    rmsnorm_forward(a.xn1, a.rstd1, at(a.x_in, t0, c.dim), m.w(P_ATTN_NORM, l), t1 - t0, c.dim, c.norm_eps, s);
+}
+
+// xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; RoPE on q and k.
+void qkv_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
     const int64_t n = t1 - t0, QKV = c.qkv_dim();
-    // Under Ulysses the projection is token-sharded and goes through an all-to-all before the
-    // layer's (head-sharded) qkv; otherwise it is the layer's qkv.
-    bf16* qkv = at(m.shape.sp > 1 ? m.qkv_local : a.qkv, t0, QKV);
-    rmsnorm_forward(a.xn1, a.rstd1, at(a.x_in, t0, c.dim), m.w(P_ATTN_NORM, l), n, c.dim, c.norm_eps, s);
-    linear_forward(qkv, a.xn1, m.w(P_WQKV, l), nullptr, n, c.dim, QKV, s);
+    bf16* qkv = at(qkv_of_tokens(m, l), t0, QKV);
+    attention_norm_forward(m, l, t0, t1, s);
+    linear_forward(qkv, m.layers[l].xn1, m.w(P_WQKV, l), nullptr, n, c.dim, QKV, s);
     rope_apply(qkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
                m.inv_freq, false, s);
 }
 
-// Backward of attention_input_forward: d qkv (RoPE undone) -> dWqkv, and d x_in added to dres.
-static void attention_input_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+// Backward of qkv_forward: d qkv (RoPE undone) -> dWqkv, and d x_in added to dres.
+static void qkv_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
     const int64_t n = t1 - t0, QKV = c.qkv_dim();
-    bf16* dqkv = at(m.dqkv, t0, QKV);
+    bf16* dqkv = at(dqkv_of_tokens(m), t0, QKV);
     rope_apply(dqkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
                m.inv_freq, true, s);
-    if (!m.keeps_mlp())  // the chunk's norm output was not kept: recompute it (cheap, exact)
-        rmsnorm_forward(a.xn1, a.rstd1, at(a.x_in, t0, c.dim), m.w(P_ATTN_NORM, l), n, c.dim, c.norm_eps, s);
+    recompute_attention_norm(m, l, t0, t1, s);  // checkpointing.cu: xn1, if it was not kept
     linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), n, c.dim, QKV, s);
     linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, n, c.dim, QKV, s);
     rmsnorm_backward(at(m.dres, t0, c.dim), m.g(P_ATTN_NORM, l), m.dxn, at(a.x_in, t0, c.dim),
@@ -991,54 +1001,122 @@ static void attention_input_backward(Model& m, int l, int64_t t0, int64_t t1, cu
 
 // Attention over the whole sequence: att, lse from qkv (through Ulysses's all-to-alls when the
 // sequence is split over GPUs).
-static void attention_core_forward(Model& m, int l, cudaStream_t s) {
-    if (m.shape.sp > 1) return ulysses_attention_forward(m, l, s);
+void self_attention_forward(Model& m, int l, cudaStream_t s) {
+    if (m.ulysses) return ulysses_attention_forward(m, l, s);
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
     const int64_t QKV = c.qkv_dim();
     AttentionForwardArgs fa{a.qkv, a.qkv + c.q_dim(), a.qkv + c.q_dim() + c.kv_dim(), QKV, QKV, QKV,
                             a.att, c.q_dim(), a.lse};
-    attention_forward(fa, attention_shape(m), s);
+    attention_forward(fa, attention_call_shape(m), s);
 }
 
-static void attention_core_backward(Model& m, int l, cudaStream_t s) {
-    if (m.shape.sp > 1) return ulysses_attention_backward(m, l, s);
+static void self_attention_backward(Model& m, int l, cudaStream_t s) {
+    if (m.ulysses) return ulysses_attention_backward(m, l, s);
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
     const int64_t W = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
     AttentionBackwardArgs ba{a.qkv, a.qkv + Q, a.qkv + Q + K, a.att, m.datt, W, W, W, Q, Q, a.lse,
                              m.dqkv, m.dqkv + Q, m.dqkv + Q + K, W, W, W, m.delta};
     ba.dq_accum = m.dq_accum;
-    attention_backward(ba, attention_shape(m), s);
+    attention_backward(ba, attention_call_shape(m), s);
+}
+
+// x_mid: the layer's own rows of it, or the shared chunk buffer.
+static bf16* x_mid_rows(Model& m, int l, int64_t t0) {
+    LayerActivations& a = m.layers[l];
+    return m.plan.x_mid == Hold::PER_LAYER ? at(a.x_mid, t0, m.cfg.dim) : a.x_mid;
+}
+
+// x_mid = x_in + att Wo^T (one GEMM with the residual as C).
+void attention_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    linear_forward(x_mid_rows(m, l, t0), at(a.att, t0, c.q_dim()), m.w(P_WO, l), at(a.x_in, t0, c.dim), t1 - t0,
+                   c.q_dim(), c.dim, s);
+}
+
+// xn2 = rmsnorm(x_mid); h13 = xn2 W13^T; act = silu(gate) * up.
+void mlp_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t n = t1 - t0;
+    rmsnorm_forward(a.xn2, a.rstd2, x_mid_rows(m, l, t0), m.w(P_MLP_NORM, l), n, c.dim, c.norm_eps, s);
+    linear_forward(a.h13, a.xn2, m.w(P_W13, l), nullptr, n, c.dim, 2 * c.ffn_dim, s);
+    swiglu_forward(a.act, a.h13, n, c.ffn_dim, s);
+}
+
+// The rest of the block after attention: Wo and the residual, the MLP and the residual.
+static void mlp_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    attention_output_forward(m, l, t0, t1, s);
+    mlp_input_forward(m, l, t0, t1, s);
+    linear_forward(at(a.x_out, t0, c.dim), a.act, m.w(P_W2, l), x_mid_rows(m, l, t0), t1 - t0, c.ffn_dim, c.dim, s);
+}
+
+// On entry dres[t0:t1] is d loss / d x_out; on exit d loss / d x_mid, and datt[t0:t1] is filled.
+static void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t n = t1 - t0, D = c.dim, F = c.ffn_dim, QD = c.q_dim();
+    recompute_mlp_inputs(m, l, t0, t1, s);  // checkpointing.cu: x_mid, xn2, h13, act, if not kept
+    bf16* x_mid = x_mid_rows(m, l, t0);
+    bf16* dres = at(m.dres, t0, D);
+    // x_out = x_mid + act W2^T
+    linear_backward_input(m.dact, dres, m.w(P_W2, l), n, F, D, s);
+    linear_backward_weight(m.g(P_W2, l), dres, a.act, n, F, D, s);
+    swiglu_backward(m.dh13, m.dact, a.h13, n, F, s);
+    linear_backward_input(m.dxn, m.dh13, m.w(P_W13, l), n, D, 2 * F, s);
+    linear_backward_weight(m.g(P_W13, l), m.dh13, a.xn2, n, D, 2 * F, s);
+    rmsnorm_backward(dres, m.g(P_MLP_NORM, l), m.dxn, x_mid, m.w(P_MLP_NORM, l), a.rstd2, n, D, true,
+                     m.norm_partial, s);
+    // x_mid = x_in + att Wo^T (untied.cu takes d att a head chunk at a time instead)
+    if (m.plan.datt != Hold::NONE) linear_backward_input(at(m.datt, t0, QD), dres, m.w(P_WO, l), n, QD, D, s);
+    linear_backward_weight(m.g(P_WO, l), dres, at(a.att, t0, QD), n, QD, D, s);
 }
 
 static void layer_forward(Model& m, int l, cudaStream_t s) {
-    if (m.opt.untied) {
-        untied_forward(m, l, s);  // norm, projections and attention, head chunk by head chunk
+    if (m.untied) {
+        untied_attention_forward(m, l, s);  // untied.cu: norm, projections, attention per head chunk
     } else {
-        FOR_EACH_CHUNK(m, t0, t1) attention_input_forward(m, l, t0, t1, s);
-        attention_core_forward(m, l, s);
+        FOR_EACH_CHUNK(m, t0, t1) qkv_forward(m, l, t0, t1, s);
+        self_attention_forward(m, l, s);
     }
-    if (m.offload && m.opt.selective) offload_save_attention(m, l, s);
-    FOR_EACH_CHUNK(m, t0, t1) mlp_forward(m, l, t0, t1, s);  // Wo, residual, MLP, residual
+    offload_save_attention(m, l, s);  // offload.cu: att and lse to the host (--ckpt=selective)
+    FOR_EACH_CHUNK(m, t0, t1) mlp_forward(m, l, t0, t1, s);
 }
 
 // On entry m.dres holds d loss / d x_out of layer l; on exit d loss / d x_in.
 static void layer_backward(Model& m, int l, cudaStream_t s) {
-    if (m.opt.untied) {  // --ckpt is implied: rebuild the attention output unless it was kept
-        if (!m.keeps_att_output()) untied_forward(m, l, s);
-        FOR_EACH_CHUNK(m, t0, t1) mlp_backward(m, l, t0, t1, s);
-        untied_backward(m, l, s);
-        return;
+    recompute_attention(m, l, s);  // checkpointing.cu: q, k, v and attention's output, if not kept
+    FOR_EACH_CHUNK(m, t0, t1) mlp_backward(m, l, t0, t1, s);
+    if (m.untied) return untied_attention_backward(m, l, s);  // untied.cu: per head chunk
+    self_attention_backward(m, l, s);                          // fills dqkv
+    FOR_EACH_CHUNK(m, t0, t1) qkv_backward(m, l, t0, t1, s);
+}
+
+// Final RMSNorm, LM head, cross-entropy and their backward, m.plan.loss_rows tokens at a time
+// (all of them unless --chunked): the logits of a chunk are computed, turned into their gradient
+// in place by the loss kernel, and used at once, so [T, V] logits never exist beyond one chunk.
+// Leaves d loss / d x_final in m.dres.
+static void head_forward_backward(Model& m, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t T = m.shape.tokens(), D = c.dim, V = c.vocab, rows = m.plan.loss_rows;
+    const ParamKind head = c.tied_embeddings ? P_EMBED : P_LM_HEAD;
+    // The loss is the mean over valid targets of the whole step, counted on the host.
+    const float grad_scale = m.n_valid_targets > 0 ? 1.0f / (float)m.n_valid_targets : 0.0f;
+    for (int64_t t0 = 0; t0 < T; t0 += rows) {
+        const int64_t n = std::min(rows, T - t0);
+        const bf16* x = at(m.x_final, t0, D);
+        rmsnorm_forward(m.xnf, m.rstdf, x, m.w(P_FINAL_NORM), n, D, c.norm_eps, s);
+        linear_forward(m.logits, m.xnf, m.w(head), nullptr, n, D, V, s);
+        cross_entropy_forward_backward(m.logits, m.losses + t0, m.targets + t0, n, (int)V, grad_scale, s);
+        linear_backward_input(m.dxn, m.logits, m.w(head), n, D, V, s);  // logits now hold dlogits
+        linear_backward_weight(m.g(head), m.logits, m.xnf, n, D, V, s);
+        rmsnorm_backward(at(m.dres, t0, D), m.g(P_FINAL_NORM), m.dxn, x, m.w(P_FINAL_NORM), m.rstdf, n, D,
+                         false, m.norm_partial, s);
     }
-    if (!m.keeps_attention()) {  // --ckpt: rebuild q, k, v from the block input ...
-        FOR_EACH_CHUNK(m, t0, t1) attention_input_forward(m, l, t0, t1, s);
-        if (!m.keeps_att_output()) attention_core_forward(m, l, s);  // ... and rerun attention
-        else if (m.shape.sp > 1) ulysses_qkv_to_heads(m, l, s);       // (selective: its inputs only)
-    }
-    FOR_EACH_CHUNK(m, t0, t1) mlp_backward(m, l, t0, t1, s);  // MLP, then Wo: fills m.datt
-    attention_core_backward(m, l, s);                          // fills m.dqkv
-    FOR_EACH_CHUNK(m, t0, t1) attention_input_backward(m, l, t0, t1, s);
 }
 
 // Units of the flat parameters (FSDP shards and gathers them one at a time, fsdp.cu).
@@ -1051,9 +1129,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     const int L = c.n_layers;
     const bool tied = c.tied_embeddings;
     fsdp_step_begin(m, s);  // zeroes the gradients
-    if (m.opt.offload && !m.offload)  // --steps 0 plans the pinned memory without allocating it
-        runtime_error("--offload without its pinned host memory: this run was set up to take no steps");
-    if (m.offload) offload_step_begin(m, s);
+    offload_step_begin(m, s);
     m.progress_recorded = 0;
     auto progressed = [&]() {  // for the watchdog of model_sync, and the times of --mem-trace
         if (m.progress_recorded < (int)m.progress.size())
@@ -1061,20 +1137,17 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     };
     progressed();  // the step's start
 
-    // Forward. Under --offload each block input is copied to the host once it is complete.
+    // Forward.
     fsdp_acquire(m, 0, s);
     embedding_forward(m.layers[0].x_in, m.tokens, m.w(P_EMBED), T, c.dim, s);
     fsdp_release(m, 0, s);
-    if (m.offload) offload_save_block_input(m, 0, s);
+    offload_save_block_input(m, 0, s);
     for (int l = 0; l < L; l++) {
         fsdp_acquire(m, layer_unit(l), s);
-        if (m.offload) offload_before_layer_forward(m, l, s), offload_mark_layer(m, "forward", l, true, s);
+        offload_before_layer_forward(m, l, s);
         layer_forward(m, l, s);
         fsdp_release(m, layer_unit(l), s);
-        if (m.offload) {
-            offload_mark_layer(m, "forward", l, false, s);
-            if (l + 1 < L) offload_save_block_input(m, l + 1, s);
-        }
+        offload_after_layer_forward(m, l, s);  // x_out is layer l+1's input: to the host
         progressed();
         if (progress) progress(ctx, "fwd", l);
     }
@@ -1096,9 +1169,9 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     for (int l = L - 1; l >= 0; l--) {
         fsdp_acquire(m, layer_unit(l), s);
         fsdp_grad_begin(m, layer_unit(l), s);
-        if (m.offload) offload_before_layer_backward(m, l, s), offload_mark_layer(m, "backward", l, true, s);
+        offload_before_layer_backward(m, l, s);  // layer l's kept tensors back; l-1's on their way
         layer_backward(m, l, s);
-        if (m.offload) offload_mark_layer(m, "backward", l, false, s);
+        offload_after_layer_backward(m, l, s);
         fsdp_grad_end(m, layer_unit(l), true, s);
         fsdp_release(m, layer_unit(l), s);
         progressed();
@@ -1109,24 +1182,25 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
                        m.emb_positions, (int64_t)m.emb_groups.token.size(), c.dim, s);
     fsdp_grad_end(m, 0, true, s);
     fsdp_step_end(m, s);
-    // The loss of the whole step: every GPU's sum (each already divided by the global count).
+    // Each GPU's sum of its tokens' losses (each already scaled by 1 / the step's count of valid
+    // targets, in the loss kernel's gradient only: the losses themselves are raw); the sum over
+    // GPUs is the step's total, which the caller divides by that count.
     if (m.world > 1) m.comm->all_reduce(m.scalars + 0, 1, DType::F32, s);
 }
 
 // --mem-trace. The arena is allocated once, so the device's total is flat by design; what
 // changes over a step is which of its bytes hold live data. Model states, communication slots and
-// workspace are live throughout; the per-layer saved activations (a slot per layer: residual
-// stream, and without checkpointing the attention and MLP activations) fill up over the forward
-// and empty over the backward, and so does the pinned host memory of --offload. Each point is
-// one progress event of the last step, timed on the GPU.
+// workspace are live throughout; the activations each layer keeps in a slot of its own fill up
+// over the forward and empty over the backward, and so does the pinned host memory of --offload.
+// Each point is one progress event of the last step, timed on the GPU.
 std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena) {
     const int L = m.cfg.n_layers;
     // The host holds the block inputs of layers 0 .. L-2 (and with --ckpt=selective their
     // attention outputs and lse): input l+1 is copied out right after layer l's forward, the
     // attention output of layer l with it; the backward frees them from the last layer down.
     const int64_t T = m.shape.tokens();
-    const int64_t host_x = m.opt.offload ? T * m.cfg.dim * 2 : 0;
-    const int64_t host_att = m.opt.offload && m.opt.selective ? T * m.cfg.q_dim() * 2 + m.lse_elems * 4 : 0;
+    const int64_t host_x = m.plan.x_in == Hold::ON_HOST ? T * m.cfg.dim * 2 : 0;
+    const int64_t host_att = m.plan.att == Hold::ON_HOST ? T * m.cfg.q_dim() * 2 + m.lse_elems * 4 : 0;
     auto host_at = [&](int inputs, int atts) {
         return host_x * std::min(inputs, L - 1) + host_att * std::min(atts, L - 1);
     };

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -246,7 +247,7 @@ struct RunShape {
     int64_t first_position() const { return sp_rank * (seq / sp); }
 };
 
-// The memory techniques that change how a step keeps its activations (one flag each).
+// The memory techniques, one flag each (the ladder: docs/design.md).
 struct StepOptions {
     bool fsdp = false;               // --fsdp: parameters, gradients, AdamW states sharded over GPUs
     bool ulysses = false;            // --ulysses: one sequence split over GPUs, all-to-all around attention
@@ -260,26 +261,50 @@ struct StepOptions {
     int64_t loss_chunk_tokens = 0;   // 0: as many tokens as keep a chunk's logits near 1 GiB
 };
 
-// Where layer l's activations are. Full-length buffers ([T, ...], rows indexed by token) and
-// chunk-sized work buffers (rows indexed from the chunk's first token) are told apart below;
-// with one chunk (no --chunked) the two coincide.
+// How the step holds each kind of activation. The plain model keeps every activation of every
+// layer for the backward; each memory technique changes that in its own *_plan function, called
+// once from model_declare_buffers, and the buffers are then declared from the plan alone.
+enum class Hold {
+    PER_LAYER,  // one slot per layer, kept from the layer's forward to its backward
+    ON_HOST,    // kept per layer in pinned host memory, staged through two device slots (offload.cu)
+    SHARED,     // one slot for all layers: the layer at hand's work, rebuilt in its backward
+                // (checkpointing.cu recomputes it)
+    NONE,       // not in the plain model's buffers: a technique holds it in its own (ulysses.cu, untied.cu)
+};
+struct ActivationPlan {
+    Hold x_in = Hold::PER_LAYER;        // block inputs: the residual stream entering each layer
+    Hold qkv = Hold::PER_LAYER;         // q, k (after RoPE), v: attention's input
+    Hold att = Hold::PER_LAYER;         // attention output and its log-sum-exp
+    Hold x_mid = Hold::PER_LAYER;       // the residual stream between attention and MLP
+    Hold norms_mlp = Hold::PER_LAYER;   // xn1, xn2 (norm outputs, their rstd), h13, act (MLP)
+    Hold dqkv = Hold::SHARED;           // d q|k|v of this GPU's tokens
+    Hold datt = Hold::SHARED;           // d attention output, and delta = rowsum(d out * out)
+    int64_t chunk_rows = 0;             // tokens a layer works on at once: all of them, or a chunk
+    int64_t loss_rows = 0;              // tokens the LM head and loss work on at once
+};
+
+// Layer l's activations. [T, ...] buffers are indexed by token; work buffers of the
+// norms and the MLP hold one chunk's rows (all T tokens without --chunked). What a pointer
+// points at follows from the plan: the layer's own slot, a staging slot, or the shared one.
 struct LayerActivations {
     bf16* x_in;     // [T, D] block input (residual stream) = x_out of layer l-1
     bf16* x_out;    // [T, D] block output
-    bf16* qkv;      // [T, qkv_dim], q and k after RoPE
+    bf16* qkv;      // [T, qkv_dim], q and k after RoPE (Ulysses: [S, this GPU's heads])
     bf16* att;      // [T, Hq d] attention output
-    float* lse;     // [B, Hq, S]
-    bf16* x_mid;    // residual after attention: [T, D] kept, or chunk work under --ckpt
-    bf16* xn1;      // chunk work (or [T, D] kept in stage 0): attention RMSNorm output
+    float* lse;     // [B, Hq, S] (Ulysses: this GPU's heads)
+    bf16* x_mid;    // [T, D] residual after attention, or one chunk's rows when shared
+    bf16* xn1;      // [chunk, D] attention RMSNorm output
     float* rstd1;
-    bf16* xn2;      // MLP RMSNorm output
+    bf16* xn2;      // [chunk, D] MLP RMSNorm output
     float* rstd2;
-    bf16* h13;      // [., 2F] gate | up
-    bf16* act;      // [., F] silu(gate) * up
+    bf16* h13;      // [chunk, 2F] gate | up
+    bf16* act;      // [chunk, F] silu(gate) * up
 };
 
 struct Offload;  // offload.cu
 struct Fsdp;     // fsdp.cu
+struct Ulysses;  // ulysses.cu
+struct Untied;   // untied.cu
 class Comm;      // comm.cu
 
 struct Model {
@@ -287,9 +312,8 @@ struct Model {
     ParamLayout layout;
     RunShape shape;
     StepOptions opt;
-    int64_t chunk_rows = 0;       // rows of one chunk of a layer (T without --chunked)
+    ActivationPlan plan;          // how the step holds its activations (set by model_declare_buffers)
     int64_t lse_elems = 0;        // floats of one layer's lse: batch x (this GPU's) heads x seq
-    int64_t loss_rows = 0;        // rows of one chunk of the LM head and loss
     // Model states (category "model"): this GPU's parameters, all of them (param_layout offsets)
     // or, under --fsdp, its shard of every unit (fsdp.cu). local_params elements each.
     float *master = nullptr, *grad = nullptr, *adam_m = nullptr, *adam_v = nullptr;
@@ -312,33 +336,29 @@ struct Model {
     // more has completed, so a long step is not a hung one. Host-pinned scalars: copies of them
     // are asynchronous, so every wait goes through the watchdog.
     std::vector<cudaEvent_t> progress;  // start, each layer's forward, the head, each backward
-    int64_t saved_per_layer[MEM_NUM_CATEGORIES] = {};  // one layer's saved activations (--mem-trace)
+    int64_t saved_per_layer[MEM_NUM_CATEGORIES] = {};  // one layer's kept activations (--mem-trace)
     int progress_recorded = 0;
     float* host_scalars = nullptr;
-    std::shared_ptr<Fsdp> fsdp;   // shards and slots (fsdp.cu)
-    // activations
+    // The techniques' own state and buffers; null when the technique is off.
+    std::shared_ptr<Fsdp> fsdp;        // shards and gathered slots (fsdp.cu; also the replicated bookkeeping)
+    std::shared_ptr<Ulysses> ulysses;  // all-to-all staging, head-sharded buffers (ulysses.cu)
+    std::shared_ptr<Untied> untied;    // one head chunk's buffers (untied.cu)
+    Offload* offload = nullptr;        // pinned host copies and their stream (offload.cu)
+    // Activations
     std::vector<LayerActivations> layers;
     bf16* x_final = nullptr;      // [T, D] output of the last layer
     bf16 *xnf = nullptr, *logits = nullptr;   // [loss_rows, D], [loss_rows, V]
     float *rstdf = nullptr, *losses = nullptr;
-    // backward: the residual gradient and the attention block's gradients span all tokens;
-    // the rest is chunk work
-    bf16 *dres = nullptr, *dqkv = nullptr, *datt = nullptr;
-    // Ulysses (sp > 1): the projection output before its all-to-all, attention's head-sharded
-    // output and gradients, and the all-to-all staging (ulysses.cu)
-    bf16 *qkv_local = nullptr, *att_heads = nullptr, *datt_heads = nullptr, *dqkv_heads = nullptr;
-    bf16 *a2a_send = nullptr, *a2a_recv = nullptr;
-    float *delta_local = nullptr, *delta_send = nullptr, *delta_recv = nullptr;
-    // Untied Ulysses (--untied, ulysses.cu): one head chunk's buffers, reused by every chunk
-    bf16* untied_dxn = nullptr;  // [T, D] gradient of the normalized input (the input is recomputed per chunk)
-    bf16 *untied_q_send = nullptr, *untied_q = nullptr, *untied_kv_send = nullptr, *untied_kv = nullptr;
-    bf16 *untied_o = nullptr, *untied_o_recv = nullptr, *untied_dq = nullptr, *untied_dkv = nullptr;
-    float *untied_delta_send = nullptr, *untied_delta_recv = nullptr, *untied_delta_heads = nullptr;
+    // Backward. The residual gradient and attention's gradients span all tokens (attention's
+    // backward needs all of them); the rest holds one chunk.
+    bf16 *dres = nullptr;         // [T, D] d loss / d residual stream, which every branch adds into
+    bf16 *dqkv = nullptr, *datt = nullptr;  // [T, qkv_dim], [T, Hq d]
+    float* delta = nullptr;       // [B, Hq, S] rowsum(d out * out) (Ulysses: this GPU's heads)
+    float* dq_accum = nullptr;    // --attention fused: the fp32 dQ sums of one attention call
     bf16 *dxn = nullptr, *dh13 = nullptr, *dact = nullptr;
-    float *delta = nullptr, *norm_partial = nullptr, *reduce_scratch = nullptr;
-    float* dq_accum = nullptr;  // --attention fused: the fp32 dQ sums of one attention call
-    float *scalars = nullptr;  // [0] loss sum, [1] grad sum of squares, [2] clip scale
-    // inputs
+    float *norm_partial = nullptr, *reduce_scratch = nullptr;
+    float *scalars = nullptr;     // [0] loss sum, [1] grad sum of squares, [2] clip scale
+    // Inputs
     int32_t *tokens = nullptr, *targets = nullptr;
     int64_t n_valid_targets = 0;  // targets != -1 in this step's batch (the loss is their mean)
     EmbeddingGroups emb_groups;   // host side of the embedding backward's grouping
@@ -347,7 +367,6 @@ struct Model {
     double* inv_freq = nullptr;
     void* gemm_workspace = nullptr;
     size_t gemm_workspace_bytes = 32u << 20;
-    Offload* offload = nullptr;   // pinned host copies and their stream (--offload)
 
     const ParamTensor& param(ParamKind k, int layer = -1) const { return layout.find(k, layer); }
     bf16* w(ParamKind k, int layer = -1) const {
@@ -358,11 +377,6 @@ struct Model {
         const ParamTensor& t = param(k, layer);
         return unit_g[t.unit] + (t.offset - layout.unit_begin[t.unit]);
     }
-
-    // What a layer keeps through the step; the rest is recomputed in its backward.
-    bool keeps_attention() const { return !opt.ckpt; }                    // qkv, x_mid
-    bool keeps_att_output() const { return !opt.ckpt || opt.selective; }  // att, lse
-    bool keeps_mlp() const { return !opt.ckpt && !opt.chunked; }          // xn1, xn2, h13, act
 };
 
 // Declare every buffer of a step in the arena (dry run or real; see Arena).
@@ -398,17 +412,18 @@ void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaS
 // recomputation of --ckpt is not counted (MFU's convention).
 double model_step_flops(const LlamaConfig& cfg, const RunShape& shape);
 
-// ---------------------------------------------------------------------------------------------
-// Chunked sequence training (chunked.cu).
-int64_t chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T);
-int64_t loss_chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T);
-// Final RMSNorm, LM head, cross-entropy and their backward, m.loss_rows tokens at a time;
-// leaves d loss / d x_final in m.dres.
-void head_forward_backward(Model& m, cudaStream_t s);
-// The MLP block (RMSNorm, SwiGLU MLP, residual) of layer l on tokens [t0, t1): forward, and
-// backward with the chunk's intermediates recomputed when they were not kept.
-void mlp_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
-void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
+// The pieces of a layer that the techniques call again (llama.cu). Each works on tokens
+// [t0, t1) of this GPU; the layer walks its tokens in chunks of m.plan.chunk_rows.
+#define FOR_EACH_CHUNK(m, t0, t1)                                                                   \
+    for (int64_t t0 = 0, t1 = std::min((m).plan.chunk_rows, (m).shape.tokens());                   \
+         t0 < (m).shape.tokens(); t0 = t1, t1 = std::min(t1 + (m).plan.chunk_rows, (m).shape.tokens()))
+void attention_norm_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // xn1 = norm(x_in)
+void qkv_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);   // xn1, then q|k|v, RoPE
+void self_attention_forward(Model& m, int l, cudaStream_t s);  // att, lse from q, k, v: the whole sequence
+void attention_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // x_mid = x_in + att Wo^T
+void mlp_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // xn2, h13, act from x_mid
+// Where layer l's projection writes q|k|v of this GPU's tokens ([T, qkv_dim]).
+bf16* qkv_of_tokens(Model& m, int l);
 
 // ---------------------------------------------------------------------------------------------
 // Communicator (comm.cu): all traffic between GPUs. Three implementations: NCCL (one process
@@ -477,7 +492,8 @@ std::vector<float> fsdp_gather_unit(Model& m, const float* local, int u, cudaStr
 std::vector<float> fsdp_full_gradients(Model& m, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
-// Ulysses (ulysses.cu): attention over the whole sequence with a 1/sp share of the heads.
+// DeepSpeed Ulysses (ulysses.cu): --ulysses. Attention over the whole sequence with a 1/sp
+// share of the heads.
 struct UlyssesHeads {
     int q, kv;  // query and KV heads per GPU (kv = 1 with KV heads replicated when sp > Hkv)
     int64_t width(int head_dim) const { return (int64_t)(q + 2 * kv) * head_dim; }
@@ -485,29 +501,48 @@ struct UlyssesHeads {
 UlyssesHeads ulysses_heads(const LlamaConfig& c, int sp);
 // Rejects shapes Ulysses cannot split, with a message naming what does not divide.
 void ulysses_check(const LlamaConfig& c, const RunShape& shape);
-void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s);  // first part of the forward
-// Untied Ulysses: the attention block's input side and attention in head chunks (forward fills
-// att and lse; backward adds into dres and the gradients). Rejects K that do not fit the heads.
-void untied_check(const LlamaConfig& c, const RunShape& shape, int K);
-void untied_forward(Model& m, int l, cudaStream_t s);
-void untied_backward(Model& m, int l, cudaStream_t s);
+void ulysses_plan(Model& m);
+void ulysses_declare_buffers(Model& m, Arena& A);
+AttentionShape ulysses_attention_shape(const Model& m);  // one attention call: S tokens, this GPU's heads
+bf16* ulysses_qkv_of_tokens(Model& m);   // where the projection writes q|k|v before the all-to-all
+bf16* ulysses_dqkv_of_tokens(Model& m);  // where d q|k|v of this GPU's tokens arrives
+void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s);  // token-sharded q|k|v -> the layer's qkv
 void ulysses_attention_forward(Model& m, int l, cudaStream_t s);
 void ulysses_attention_backward(Model& m, int l, cudaStream_t s);
+// Kernels untied.cu uses too. dst[t][col0 + j stride + x] = src[j][t][x] for x < w: the blocks
+// that came from GPU j into their columns of rows of width ld.
+void ulysses_blocks_to_columns(bf16* dst, const bf16* src, int64_t T, int sp, int64_t w, int64_t ld,
+                               int64_t col0, int64_t stride, cudaStream_t s);
+// delta[t][h] = rowsum over head h of dout * out, for H heads from each row's start.
+void ulysses_delta(float* delta, const bf16* dout, int64_t ld_dout, const bf16* out, int64_t ld_out,
+                   int64_t T, int H, int d, cudaStream_t s);
+// [B][S][q] -> [B][q][S]: per-token delta to the attention kernel's per-head layout.
+void ulysses_transpose_delta(float* out, const float* in, int64_t B, int64_t S, int q, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
-// Activation checkpointing and CPU offload (offload.cu).
+// Activation checkpointing (checkpointing.cu): --ckpt, --ckpt=selective.
+void checkpointing_plan(Model& m);
+// Backward, before layer l's: rebuild q, k, v and (full checkpointing) the attention output.
+void recompute_attention(Model& m, int l, cudaStream_t s);
+// Backward, per chunk: rebuild what the chunk's backward reads and the plan did not keep.
+void recompute_attention_norm(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
+void recompute_mlp_inputs(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// CPU offload of the kept activations (offload.cu): --offload.
+void offload_plan(Model& m);
 // Pinned host bytes the kept tensors need under --offload (0 otherwise).
 int64_t offload_host_bytes(const Model& m);
 void offload_create(Model& m);    // pinned buffers (once), copy stream, events
 void offload_destroy(Model& m);
+// The step's hooks; each does nothing without --offload.
 void offload_step_begin(Model& m, cudaStream_t s);
-// Forward: layer l is about to write its output and attention output into staging buffers.
-void offload_before_layer_forward(Model& m, int l, cudaStream_t s);
-// Forward: layer l's block input (x_in) or attention output (att, lse) is complete: copy it out.
-void offload_save_block_input(Model& m, int l, cudaStream_t s);
-void offload_save_attention(Model& m, int l, cudaStream_t s);
-// Backward: make layer l's kept tensors resident, and start fetching layer l-1's.
-void offload_before_layer_backward(Model& m, int l, cudaStream_t s);
+void offload_save_block_input(Model& m, int l, cudaStream_t s);  // layer l's x_in is complete: copy it out
+void offload_before_layer_forward(Model& m, int l, cudaStream_t s);  // its staging slots are free
+void offload_save_attention(Model& m, int l, cudaStream_t s);    // layer l's att, lse are complete
+void offload_after_layer_forward(Model& m, int l, cudaStream_t s);  // x_out is the next x_in: copy it out
+void offload_before_layer_backward(Model& m, int l, cudaStream_t s);  // l's kept tensors resident; fetch l-1's
+void offload_after_layer_backward(Model& m, int l, cudaStream_t s);
 // Event timeline of the last step (--timeline): compute per layer and each copy, in ms.
 struct TimelineEntry {
     std::string stream, what;
@@ -515,8 +550,25 @@ struct TimelineEntry {
     double start_ms, end_ms;
 };
 void offload_enable_timeline(Model& m, bool on);
-void offload_mark_layer(Model& m, const char* what, int layer, bool begin, cudaStream_t s);
 std::vector<TimelineEntry> offload_timeline(Model& m);
+
+// ---------------------------------------------------------------------------------------------
+// Chunked sequence training (chunked.cu): --chunked.
+void chunked_plan(Model& m);
+int64_t chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T);
+int64_t loss_chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T);
+
+// ---------------------------------------------------------------------------------------------
+// Untied Ulysses (untied.cu): --untied[=K]. The attention sub-block in chunks of K query heads.
+// Rejects K that do not fit the heads.
+void untied_check(const LlamaConfig& c, const RunShape& shape, int K);
+void untied_plan(Model& m);
+void untied_declare_buffers(Model& m, Arena& A);
+AttentionShape untied_attention_shape(const Model& m);  // one attention call: one head chunk
+// The attention sub-block of layer l: forward fills att and lse from x_in; backward (d loss /
+// d x_mid in m.dres) adds d loss / d x_in into m.dres and the projections' gradients.
+void untied_attention_forward(Model& m, int l, cudaStream_t s);
+void untied_attention_backward(Model& m, int l, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // Files (checkpoint.cu): Hugging Face checkpoints, token files, the training state.

@@ -1,18 +1,12 @@
-// offload.cu - activation checkpointing (--ckpt, ladder stage 3) and CPU offload of the kept
-// tensors (--offload, stage 4). The talk explains both at 07:48.
+// offload.cu - CPU offload of the kept activations (--offload, ladder stage 4; the talk at
+// 07:48, with activation checkpointing, checkpointing.cu).
 //
-// Checkpointing. A plain step keeps every activation of every layer for the backward. With
-// --ckpt a layer keeps only its input x_in (the residual stream entering the block); in the
-// backward it first recomputes its own forward from x_in (norm, QKV, RoPE, attention, Wo, MLP),
-// then runs its backward. One layer's worth of work buffers is shared by all layers.
-// --ckpt=selective also keeps each layer's attention output and log-sum-exp, so the backward
-// never reruns the attention forward: at long context attention is most of a layer's compute
-// (forward 1 unit, backward 2.5 units), so skipping its recomputation saves close to a fifth
-// of the step (1 of 1 + 1 + 2.5 attention units plus the cheaper GEMMs).
-//
-// Offload. With --offload (which needs --ckpt) the kept tensors go to pinned host memory as soon
-// as they are produced, on a copy stream; in the backward, while layer l runs, layer l-1's are
-// already being copied back. The device keeps two staging slots for them (double buffering):
+// Under --ckpt (which --offload implies) each layer keeps only its block input x_in (and under
+// --ckpt=selective its attention output and lse); everything else is recomputed. Those kept
+// tensors still grow with the depth: L x T x 2D bytes of block inputs. With --offload they go to
+// pinned host memory as soon as they are produced, on a copy stream; in the backward, while
+// layer l runs, layer l-1's are already being copied back. The device keeps two staging slots
+// for them (double buffering):
 //   forward:  layer l reads slot l % 2 and writes its output into slot (l+1) % 2, after the copy
 //             that was emptying that slot (layer l-1's input) has finished;
 //   backward: layer l waits for its slot's copy, then the copy of layer l-1 into the other slot
@@ -20,22 +14,27 @@
 //             is done.
 // Ordering is by CUDA events between the compute stream and the copy stream only; nothing
 // synchronizes the device. The last layer's input never leaves: the first layer of the
-// backward needs it at once. Pinned memory is allocated once (pinning costs about 0.6 s per
-// GiB) and reused by every step.
+// backward needs it at once. Pinned memory is allocated once (pinning is slow: about 0.6 s per
+// GiB, docs/reference.md) and reused by every step.
 //
-// Memory per GPU, for T local tokens, L layers (bytes):
-//   kept per token and layer          plain                 --ckpt   --ckpt=selective
-//     "other"                         2 (4D + 3F) + 8       2 D      2 D
-//     "attention"                     2 (qkv_dim + Hq d) + 4 Hq   0  2 Hq d + 4 Hq
-//   Llama 3.1 8B:                     139,400               8,192    16,512
-// plus, under --ckpt, one layer's work buffers (not multiplied by L). Under --offload those
-// kept bytes move to the host, (L - 1) T (2 D [+ 2 Hq d + 4 Hq]), and the device holds two slots.
+// Memory per GPU, for T local tokens and L layers (bytes):
+//   device: L T 2D -> 2 T 2D  (=selective: and L -> 2 slots of T (2 Hq d + 4 Hq))
+//   host:   (L - 1) T (2 D [+ 2 Hq d + 4 Hq])
+// Cost: PCIe traffic, hidden when a layer's copy takes less time than its compute. A layer's
+// input is 2 D bytes per token (8 KiB for 8B): at the 55 GB/s of a pinned copy that is 0.15 us
+// per token, against about 3.3 us per token of the layer's GEMMs alone (6 FLOPs x 218 M
+// parameters at 400 TFLOP/s), before attention, which grows with the context. So the copies
+// hide with a wide margin at any context length.
 //
-// Copies are hidden when a layer's copy takes less time than its compute. A layer's input is
-// 2 D bytes per token (8 KiB for 8B): at the 55 GB/s of a pinned copy on an H200 that is
-// 0.15 us per token, against about 3.3 us per token of the layer's GEMMs alone (6 FLOPs x 218 M
-// parameters at 400 TFLOP/s), before attention, which grows with the context. So the copies hide
-// with a wide margin at any context length.
+// Where --offload changes the step:
+//   offload_plan                  x_in (and a kept att, lse) move to the host, two device slots
+//   llama.cu model_allocate       offload_create: the pinned host buffers and the copy stream
+//   llama.cu model_forward_backward
+//                                 offload_save_block_input after the embedding;
+//                                 offload_before/after_layer_forward around each layer;
+//                                 offload_before/after_layer_backward around each layer
+//   llama.cu layer_forward        offload_save_attention (=selective)
+// --timeline records this file's copies next to each layer's compute.
 #include <algorithm>
 
 #include "llama.h"
@@ -65,15 +64,24 @@ struct Offload {
 static int64_t tokens(const Model& m) { return m.shape.tokens(); }
 static int64_t lse_count(const Model& m) { return m.lse_elems; }  // this GPU's heads (Ulysses: 1/N)
 
+void offload_plan(Model& m) {
+    if (!m.opt.offload) return;
+    m.plan.x_in = Hold::ON_HOST;
+    if (m.plan.att == Hold::PER_LAYER) m.plan.att = Hold::ON_HOST;  // --ckpt=selective
+}
+
+static bool attention_on_host(const Model& m) { return m.plan.att == Hold::ON_HOST; }
+
 int64_t offload_host_bytes(const Model& m) {
-    if (!m.opt.offload) return 0;
+    if (m.plan.x_in != Hold::ON_HOST) return 0;
     const int64_t kept_layers = std::max(0, m.cfg.n_layers - 1), T = tokens(m);
     int64_t per_layer = T * m.cfg.dim * 2;
-    if (m.opt.selective) per_layer += T * m.cfg.q_dim() * 2 + lse_count(m) * 4;  // lse_elems: declared first
+    if (attention_on_host(m)) per_layer += T * m.cfg.q_dim() * 2 + lse_count(m) * 4;
     return kept_layers * per_layer;
 }
 
 void offload_create(Model& m) {
+    if (m.plan.x_in != Hold::ON_HOST) return;
     Offload* o = new Offload();
     m.offload = o;
     const int64_t kept = std::max(0, m.cfg.n_layers - 1), T = tokens(m);
@@ -88,7 +96,7 @@ void offload_create(Model& m) {
         }
     };
     pin((void**)&o->host_x, kept * T * m.cfg.dim * 2, "block inputs");
-    if (m.opt.selective) {
+    if (attention_on_host(m)) {
         pin((void**)&o->host_att, kept * T * m.cfg.q_dim() * 2, "attention outputs");
         pin((void**)&o->host_lse, kept * lse_count(m) * 4, "attention lse");
     }
@@ -139,7 +147,30 @@ static void copy_after_compute(Model& m, void* dst, const void* src, int64_t byt
     if (o.timeline) o.marks.push_back({"copy", what, layer, begin, timeline_event(o, o.copy)});
 }
 
+static void mark_layer(Model& m, const char* what, int layer, bool begin, cudaStream_t s) {
+    Offload& o = *m.offload;
+    if (!o.timeline) return;
+    if (begin) o.open_mark = timeline_event(o, s);
+    else o.marks.push_back({"compute", what, layer, o.open_mark, timeline_event(o, s)});
+}
+
+// Copy layer p's kept tensors into their staging slot, once the compute stream is here.
+static void prefetch_layer(Model& m, int p, cudaStream_t s) {
+    Offload& o = *m.offload;
+    const int64_t n = tokens(m) * m.cfg.dim;
+    copy_after_compute(m, m.layers[p].x_in, o.host_x + p * n, n * 2, cudaMemcpyHostToDevice, "x_in to device", p, s);
+    if (attention_on_host(m)) {
+        const int64_t na = tokens(m) * m.cfg.q_dim(), nl = lse_count(m);
+        copy_after_compute(m, m.layers[p].att, o.host_att + p * na, na * 2, cudaMemcpyHostToDevice, "att to device", p, s);
+        copy_after_compute(m, m.layers[p].lse, o.host_lse + p * nl, nl * 4, cudaMemcpyHostToDevice, "lse to device", p, s);
+    }
+    CUDA_CHECK(cudaEventRecord(o.fetched[p % 2], o.copy));
+}
+
 void offload_step_begin(Model& m, cudaStream_t s) {
+    if (m.plan.x_in != Hold::ON_HOST) return;
+    if (!m.offload)  // --steps 0 plans the pinned memory without allocating it
+        runtime_error("--offload without its pinned host memory: this run was set up to take no steps");
     Offload& o = *m.offload;
     // The previous step's copies are done before this step reuses the slots.
     CUDA_CHECK(cudaEventRecord(o.copy_idle, o.copy));
@@ -152,7 +183,7 @@ void offload_step_begin(Model& m, cudaStream_t s) {
 }
 
 void offload_save_block_input(Model& m, int l, cudaStream_t s) {
-    if (l >= m.cfg.n_layers - 1) return;  // the last layer's input stays for the backward
+    if (!m.offload || l >= m.cfg.n_layers - 1) return;  // the last layer's input stays for the backward
     Offload& o = *m.offload;
     const int64_t n = tokens(m) * m.cfg.dim;
     copy_after_compute(m, o.host_x + l * n, m.layers[l].x_in, n * 2, cudaMemcpyDeviceToHost, "x_in to host", l, s);
@@ -160,7 +191,7 @@ void offload_save_block_input(Model& m, int l, cudaStream_t s) {
 }
 
 void offload_save_attention(Model& m, int l, cudaStream_t s) {
-    if (l >= m.cfg.n_layers - 1) return;
+    if (!m.offload || !attention_on_host(m) || l >= m.cfg.n_layers - 1) return;
     Offload& o = *m.offload;
     const int64_t n = tokens(m) * m.cfg.q_dim(), nl = lse_count(m);
     copy_after_compute(m, o.host_att + l * n, m.layers[l].att, n * 2, cudaMemcpyDeviceToHost, "att to host", l, s);
@@ -169,38 +200,35 @@ void offload_save_attention(Model& m, int l, cudaStream_t s) {
 }
 
 void offload_before_layer_forward(Model& m, int l, cudaStream_t s) {
+    if (!m.offload) return;
     Offload& o = *m.offload;
     // Layer l writes its output into slot (l+1) % 2, which held layer l-1's input.
     if (l >= 1) CUDA_CHECK(cudaStreamWaitEvent(s, o.copied_out[0][(l + 1) % 2], 0));
     // Its attention output goes into slot l % 2, which held layer l-2's.
-    if (m.opt.selective && l >= 2) CUDA_CHECK(cudaStreamWaitEvent(s, o.copied_out[1][l % 2], 0));
+    if (attention_on_host(m) && l >= 2) CUDA_CHECK(cudaStreamWaitEvent(s, o.copied_out[1][l % 2], 0));
+    mark_layer(m, "forward", l, true, s);
+}
+
+void offload_after_layer_forward(Model& m, int l, cudaStream_t s) {
+    if (!m.offload) return;
+    mark_layer(m, "forward", l, false, s);
+    offload_save_block_input(m, l + 1, s);  // layer l's output is layer l+1's input
 }
 
 void offload_before_layer_backward(Model& m, int l, cudaStream_t s) {
+    if (!m.offload) return;
     Offload& o = *m.offload;
     if (l < m.cfg.n_layers - 1) CUDA_CHECK(cudaStreamWaitEvent(s, o.fetched[l % 2], 0));
-    if (l == 0) return;
-    // Prefetch layer l-1 into the other slot while layer l computes.
-    const int p = l - 1;
-    const int64_t n = tokens(m) * m.cfg.dim;
-    copy_after_compute(m, m.layers[p].x_in, o.host_x + p * n, n * 2, cudaMemcpyHostToDevice, "x_in to device", p, s);
-    if (m.opt.selective) {
-        const int64_t na = tokens(m) * m.cfg.q_dim(), nl = lse_count(m);
-        copy_after_compute(m, m.layers[p].att, o.host_att + p * na, na * 2, cudaMemcpyHostToDevice, "att to device", p, s);
-        copy_after_compute(m, m.layers[p].lse, o.host_lse + p * nl, nl * 4, cudaMemcpyHostToDevice, "lse to device", p, s);
-    }
-    CUDA_CHECK(cudaEventRecord(o.fetched[p % 2], o.copy));
+    if (l > 0) prefetch_layer(m, l - 1, s);
+    mark_layer(m, "backward", l, true, s);
+}
+
+void offload_after_layer_backward(Model& m, int l, cudaStream_t s) {
+    if (m.offload) mark_layer(m, "backward", l, false, s);
 }
 
 void offload_enable_timeline(Model& m, bool on) {
     if (m.offload) m.offload->timeline = on;
-}
-
-void offload_mark_layer(Model& m, const char* what, int layer, bool begin, cudaStream_t s) {
-    Offload& o = *m.offload;
-    if (!o.timeline) return;
-    if (begin) o.open_mark = timeline_event(o, s);
-    else o.marks.push_back({"compute", what, layer, o.open_mark, timeline_event(o, s)});
 }
 
 std::vector<TimelineEntry> offload_timeline(Model& m) {

@@ -969,7 +969,7 @@ static int run(Options o, const Launch& launch) {
         printf("techniques:%s%s%s%s%s%s%s\n", o.step.fsdp ? " fsdp" : "", o.step.ulysses ? " ulysses" : "",
            o.step.untied ? (" untied(" + std::to_string(o.step.untied) + ")").c_str() : "",
                o.step.ckpt ? (o.step.selective ? " ckpt(selective)" : " ckpt") : "", o.step.offload ? " offload" : "",
-               o.step.chunked ? (" chunked(" + std::to_string(m.chunk_rows) + ", loss " + std::to_string(m.loss_rows) + ")").c_str() : "",
+               o.step.chunked ? (" chunked(" + std::to_string(m.plan.chunk_rows) + ", loss " + std::to_string(m.plan.loss_rows) + ")").c_str() : "",
                (o.step.fsdp || o.step.ulysses || o.step.ckpt || o.step.chunked) ? "" : " none (stage 0)");
     }
     if (o.plan) {

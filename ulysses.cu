@@ -7,7 +7,7 @@
 // changes from tokens to heads with one all-to-all:
 //
 //   q, k, v  [S/N tokens, all heads]  --all-to-all-->  [S tokens, H/N heads]
-//   attention over the whole sequence for H/N heads (our flash kernels, unchanged)
+//   attention over the whole sequence for H/N heads (the same attention kernels)
 //   out      [S tokens, Hq/N heads]   --all-to-all-->  [S/N tokens, all Hq heads]
 //
 // and the backward mirrors it: d out goes to head-sharded, dq, dk, dv come back token-sharded.
@@ -22,14 +22,39 @@
 //
 // Memory per GPU: every activation that scales with tokens is divided by N (S/N tokens), and
 // the attention block's kept buffers hold S tokens x H/N heads, the same bytes. On top of that,
-// one layer's worth of working buffers (not multiplied by the depth): the token-sharded qkv
-// before its all-to-all, the head-sharded output and the head-sharded gradients (category
-// "attention"), and the all-to-all staging (category "comm"): 2 x (S/N) x max(N x head-sharded
-// qkv width, Hq d) in bf16, plus three (S/N) x Hq fp32 arrays for delta. Traffic per layer: forward qkv + out, backward d out + dqkv, each (N-1)/N of
-// the local tensor.
+// one layer's worth of working buffers (not multiplied by the depth): the head-sharded output
+// and q|k|v gradient (category "attention"), and the all-to-all staging (category "comm"):
+// 2 x (S/N) x max(N x head-sharded qkv width, Hq d) in bf16, plus three (S/N) x Hq fp32 arrays
+// for delta. The staging also holds the token-sharded q|k|v before it is sent and d q|k|v after
+// it arrives, so neither needs a buffer of its own. Traffic per layer: forward q|k|v and out,
+// backward d out and d q|k|v, each (N-1)/N of the local tensor.
+//
+// Where --ulysses changes the step:
+//   train.cpp        RunShape.sp = N: each GPU holds S/N tokens (data, RoPE positions, loss)
+//   ulysses_plan     d q|k|v of this GPU's tokens arrives in the send staging (no dqkv buffer)
+//   llama.cu         qkv_forward writes into the receive staging (qkv_of_tokens);
+//                    self_attention_forward/backward call ulysses_attention_forward/backward;
+//                    qkv_backward reads d q|k|v from the send staging
+//   checkpointing.cu under --ckpt=selective the recomputed q|k|v goes head-sharded again
+//                    (ulysses_qkv_to_heads) for the attention backward
+// Untied Ulysses (untied.cu) replaces all of this with head chunks and buffers of its own.
 #include <algorithm>
 
 #include "llama.h"
+
+// One layer's working buffers, reused by every layer. Each is named by the side of the
+// all-to-all it stages; what it holds changes over the step, in this order.
+struct Ulysses {
+    bf16* send = nullptr;       // [T, max(N W, Hq d)]: q|k|v packed by destination GPU; d out by
+                                // destination; then d q|k|v of this GPU's tokens [T, qkv_dim]
+    bf16* receive = nullptr;    // same size: q|k|v of this GPU's tokens [T, qkv_dim] as the projection
+                                // writes it; the attention output by source GPU; d q|k|v by source
+    bf16* heads_out = nullptr;  // [S, q d] attention output of this GPU's heads; then their d out
+    bf16* heads_dqkv = nullptr; // [S, W] d q|k|v of this GPU's heads
+    float* delta_tokens = nullptr;   // [T, Hq] delta of this GPU's tokens, every head
+    float* delta_send = nullptr;     // [N][T][q] the same, grouped by destination GPU
+    float* delta_receive = nullptr;  // [N][T][q] this GPU's heads, grouped by source GPU
+};
 
 UlyssesHeads ulysses_heads(const LlamaConfig& c, int sp) {
     return {c.n_heads / sp, std::max(1, c.n_kv_heads / sp)};
@@ -47,6 +72,38 @@ void ulysses_check(const LlamaConfig& c, const RunShape& sh) {
         usage_error("--ulysses: " + std::to_string(c.n_kv_heads) + " KV heads neither divide over " + n +
                     " GPUs nor replicate evenly onto them");
 }
+
+void ulysses_plan(Model& m) {
+    if (m.shape.sp <= 1 || m.opt.untied) return;  // --untied: untied.cu holds its own buffers
+    m.ulysses = std::make_shared<Ulysses>();
+    m.plan.dqkv = Hold::NONE;  // it arrives in the send staging
+}
+
+void ulysses_declare_buffers(Model& m, Arena& A) {
+    if (!m.ulysses) return;
+    Ulysses& u = *m.ulysses;
+    const LlamaConfig& c = m.cfg;
+    const int sp = m.shape.sp;
+    const UlyssesHeads heads = ulysses_heads(c, sp);
+    const int64_t T = m.shape.tokens(), S = T * sp, W = heads.width(c.head_dim);
+    const int64_t staging = T * std::max<int64_t>(sp * W, c.q_dim());  // >= T * qkv_dim
+    u.send = A.take<bf16>("Ulysses all-to-all send staging", MEM_COMM, staging);
+    u.receive = A.take<bf16>("Ulysses all-to-all receive staging", MEM_COMM, staging);
+    u.heads_out = A.take<bf16>("attention output / its gradient, head-sharded", MEM_ATTENTION,
+                               S * heads.q * c.head_dim);
+    u.heads_dqkv = A.take<bf16>("d qkv, head-sharded", MEM_ATTENTION, S * W);
+    u.delta_tokens = A.take<float>("delta, token-sharded", MEM_COMM, T * c.n_heads);
+    u.delta_send = A.take<float>("delta all-to-all send", MEM_COMM, T * c.n_heads);
+    u.delta_receive = A.take<float>("delta all-to-all receive", MEM_COMM, T * c.n_heads);
+}
+
+AttentionShape ulysses_attention_shape(const Model& m) {
+    const UlyssesHeads h = ulysses_heads(m.cfg, m.shape.sp);
+    return {1, m.shape.tokens() * m.shape.sp, h.q, h.kv, m.cfg.head_dim};
+}
+
+bf16* ulysses_qkv_of_tokens(Model& m) { return m.ulysses->receive; }
+bf16* ulysses_dqkv_of_tokens(Model& m) { return m.ulysses->send; }
 
 namespace {
 
@@ -165,302 +222,69 @@ __global__ void transpose_kernel(float* out, const float* in, int64_t B, int64_t
 
 }  // namespace
 
+void ulysses_blocks_to_columns(bf16* dst, const bf16* src, int64_t T, int sp, int64_t w, int64_t ld,
+                               int64_t col0, int64_t stride, cudaStream_t s) {
+    blocks_to_strided_kernel<bf16><<<blocks(sp * T * w), 256, 0, s>>>(dst, src, T, sp, w, ld, col0, stride);
+    CUDA_CHECK_LAUNCH();
+}
+
+void ulysses_delta(float* delta, const bf16* dout, int64_t ld_dout, const bf16* out, int64_t ld_out, int64_t T,
+                   int H, int d, cudaStream_t s) {
+    delta_kernel<<<(unsigned)((T * H + 7) / 8), 256, 0, s>>>(delta, dout, ld_dout, out, ld_out, T, H, d);
+    CUDA_CHECK_LAUNCH();
+}
+
+void ulysses_transpose_delta(float* out, const float* in, int64_t B, int64_t S, int q, cudaStream_t s) {
+    transpose_kernel<<<blocks(B * S * q), 256, 0, s>>>(out, in, B, S, q);
+    CUDA_CHECK_LAUNCH();
+}
+
 // Token-sharded q, k, v -> head-sharded, straight into the layer's qkv [S, W]. Also the
 // backward's first step under --ckpt=selective (q, k, v are recomputed, attention is not).
 void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s) {
     const Geometry g = geometry(m);
-    pack_qkv_kernel<<<blocks(g.sp * g.T * g.W / 8), 256, 0, s>>>(m.a2a_send, m.qkv_local, g);
+    Ulysses& u = *m.ulysses;
+    pack_qkv_kernel<<<blocks(g.sp * g.T * g.W / 8), 256, 0, s>>>(u.send, u.receive, g);
     CUDA_CHECK_LAUNCH();
-    m.comm->all_to_all(m.layers[l].qkv, m.a2a_send, g.T * g.W, DType::BF16, s);
+    m.comm->all_to_all(m.layers[l].qkv, u.send, g.T * g.W, DType::BF16, s);
 }
 
 void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
     const Geometry g = geometry(m);
+    Ulysses& u = *m.ulysses;
     LayerActivations& a = m.layers[l];
-    const int64_t S = g.T * g.sp, qd = (int64_t)g.q * g.d;
+    const int64_t qd = (int64_t)g.q * g.d;
     ulysses_qkv_to_heads(m, l, s);
-    AttentionForwardArgs fa{a.qkv, a.qkv + qd, a.qkv + qd + (int64_t)g.kv * g.d, g.W, g.W, g.W, m.att_heads, qd, a.lse};
-    attention_forward(fa, {1, S, g.q, g.kv, g.d}, s);
+    AttentionForwardArgs fa{a.qkv, a.qkv + qd, a.qkv + qd + (int64_t)g.kv * g.d, g.W, g.W, g.W, u.heads_out, qd, a.lse};
+    attention_forward(fa, ulysses_attention_shape(m), s);
     // Head-sharded output -> token-sharded a.att [T, Hq d]: rows of GPU j's tokens go to GPU j.
-    m.comm->all_to_all(m.a2a_recv, m.att_heads, g.T * qd, DType::BF16, s);
-    blocks_to_strided_kernel<bf16><<<blocks(g.sp * g.T * qd), 256, 0, s>>>(a.att, m.a2a_recv, g.T, g.sp, qd, g.sp * qd, 0, qd);
-    CUDA_CHECK_LAUNCH();
+    m.comm->all_to_all(u.receive, u.heads_out, g.T * qd, DType::BF16, s);
+    ulysses_blocks_to_columns(a.att, u.receive, g.T, g.sp, qd, g.sp * qd, 0, qd, s);
 }
 
 void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
     const Geometry g = geometry(m);
+    Ulysses& u = *m.ulysses;
     LayerActivations& a = m.layers[l];
     const int64_t S = g.T * g.sp, qd = (int64_t)g.q * g.d;
     // delta on the token-sharded side, then d out and delta to head-sharded.
-    delta_kernel<<<(unsigned)((g.T * g.Hq + 7) / 8), 256, 0, s>>>(m.delta_local, m.datt, (int64_t)g.Hq * g.d, a.att,
-                                                                  (int64_t)g.Hq * g.d, g.T, g.Hq, g.d);
+    ulysses_delta(u.delta_tokens, m.datt, (int64_t)g.Hq * g.d, a.att, (int64_t)g.Hq * g.d, g.T, g.Hq, g.d, s);
+    strided_to_blocks_kernel<bf16><<<blocks(g.sp * g.T * qd), 256, 0, s>>>(u.send, m.datt, g.T, g.sp, qd, g.sp * qd, 0, qd);
     CUDA_CHECK_LAUNCH();
-    strided_to_blocks_kernel<bf16><<<blocks(g.sp * g.T * qd), 256, 0, s>>>(m.a2a_send, m.datt, g.T, g.sp, qd, g.sp * qd, 0, qd);
+    m.comm->all_to_all(u.heads_out, u.send, g.T * qd, DType::BF16, s);  // d out of this GPU's heads
+    strided_to_blocks_kernel<float><<<blocks(g.T * g.Hq), 256, 0, s>>>(u.delta_send, u.delta_tokens, g.T, g.sp, g.q, g.Hq, 0, g.q);
     CUDA_CHECK_LAUNCH();
-    m.comm->all_to_all(m.datt_heads, m.a2a_send, g.T * qd, DType::BF16, s);
-    strided_to_blocks_kernel<float><<<blocks(g.T * g.Hq), 256, 0, s>>>(m.delta_send, m.delta_local, g.T, g.sp, g.q, g.Hq, 0, g.q);
-    CUDA_CHECK_LAUNCH();
-    m.comm->all_to_all(m.delta_recv, m.delta_send, g.T * g.q, DType::F32, s);
-    transpose_kernel<<<blocks(S * g.q), 256, 0, s>>>(m.delta, m.delta_recv, 1, S, g.q);
-    CUDA_CHECK_LAUNCH();
+    m.comm->all_to_all(u.delta_receive, u.delta_send, g.T * g.q, DType::F32, s);
+    ulysses_transpose_delta(m.delta, u.delta_receive, 1, S, g.q, s);
     // Attention backward on S tokens x H/N heads; out = nullptr: delta is given.
     const int64_t kvd = (int64_t)g.kv * g.d;
-    AttentionBackwardArgs ba{a.qkv, a.qkv + qd, a.qkv + qd + kvd, nullptr, m.datt_heads, g.W, g.W, g.W, 0, qd,
-                             a.lse, m.dqkv_heads, m.dqkv_heads + qd, m.dqkv_heads + qd + kvd, g.W, g.W, g.W, m.delta};
+    AttentionBackwardArgs ba{a.qkv, a.qkv + qd, a.qkv + qd + kvd, nullptr, u.heads_out, g.W, g.W, g.W, 0, qd,
+                             a.lse, u.heads_dqkv, u.heads_dqkv + qd, u.heads_dqkv + qd + kvd, g.W, g.W, g.W, m.delta};
     ba.dq_accum = m.dq_accum;
-    attention_backward(ba, {1, S, g.q, g.kv, g.d}, s);
-    // Head-sharded dq, dk, dv -> token-sharded dqkv [T, QKV] (replicated KV heads summed).
-    m.comm->all_to_all(m.a2a_recv, m.dqkv_heads, g.T * g.W, DType::BF16, s);
-    unpack_dqkv_kernel<<<blocks(g.T * g.QKV), 256, 0, s>>>(m.dqkv, m.a2a_recv, g);
+    attention_backward(ba, ulysses_attention_shape(m), s);
+    // Head-sharded dq, dk, dv -> token-sharded d q|k|v [T, QKV] in the send staging (replicated
+    // KV heads summed), where qkv_backward reads it.
+    m.comm->all_to_all(u.receive, u.heads_dqkv, g.T * g.W, DType::BF16, s);
+    unpack_dqkv_kernel<<<blocks(g.T * g.QKV), 256, 0, s>>>(u.send, u.receive, g);
     CUDA_CHECK_LAUNCH();
-}
-
-// =============================================================================================
-// Untied Ulysses (--untied[=K], ladder stage 6; the talk at 09:57; the UPipe method of the
-// Untied Ulysses paper, arXiv 2602.21196).
-//
-// Plain Ulysses materializes, for all of a GPU's heads at once and each spanning the whole
-// sequence, the projected q, k, v (token-sharded and head-sharded), the all-to-all staging and
-// the attention output. Untied Ulysses walks a GPU's share of query heads (Hq/N) in chunks of K
-// heads and reuses one small buffer set for every chunk:
-//
-//   for each chunk i (Hq / (N K) of them):
-//     q for chunk i of every destination GPU j: one GEMM each, written straight into j's send
-//       block [S/N, K d] (no pack), RoPE with global positions
-//     k, v only when the chunk starts a new KV group (heads are walked in GQA order, so each KV
-//       head crosses the network once per layer and direction)
-//     all-to-all -> q [S, K d], k, v [S, kv d]; attention; lse of the chunk kept
-//     all-to-all back, straight into the chunk's columns of the one attention output [S/N, Hq d]
-//
-// The backward repeats the chunks: it recomputes the projections, computes the chunk's d out
-// (dres times the chunk's columns of Wo) and delta straight into the send blocks, runs the
-// attention backward, sends dq back at once, and sums dK, dV over the chunks of a KV group in
-// place (the kernel adds to them) before sending them back. Projection weight gradients and the
-// gradient of the normalized input accumulate chunk by chunk (GEMMs with beta = 1).
-//
-// Memory per GPU (S tokens in the sequence, N GPUs, d head dim, q = Hq/N query heads and
-// kv' = max(1, Hkv/N) KV heads per GPU, K heads per chunk with kv = max(1, K/group) KV heads;
-// bf16 = 2 bytes; one layer's working set, since layers run one at a time under --ckpt):
-//   attention category
-//     plain:  2 S d (2 (q + 2 kv') + 3 q) + 8 S q   head-sharded qkv and its gradient, output
-//                                                   and d out (head-sharded), the token-sharded
-//                                                   output and its gradient, lse and delta
-//     untied: 2 S d (q + 3 K + 4 kv) + 4 S (q + K)  the token-sharded output (Wo's input), the
-//                                                   chunk's q, out/d out, dq, k|v, dk|dv; lse
-//   all-to-all staging (comm category)
-//     plain:  2 x 2 S d (q + 2 kv') (+ 12 S q for delta)
-//     untied: 2 S d (2 K + 2 kv) + 8 S K
-//   and untied keeps the gradient of the normalized input, 2 (S/N) D (other category; the
-//   input itself is recomputed a token chunk at a time wherever a projection needs it).
-// Llama 3.1 8B on 8 GPUs (q = 4, kv' = 1), K = 1: the attention term falls from 48 S d to 22 S d
-// bytes (6.0 to 2.8 GiB at S = 1M; results/untied_sweep_*.json has the measured figures). The
-// cost: q/K all-to-alls per direction instead of one, and projection GEMMs of K d columns.
-
-namespace {
-
-// How the heads of a GPU are walked. Chunk i of GPU j holds query heads
-// j Hq/N + i K .. + K - 1 and their KV heads (kv of them, starting at the first's group).
-struct UntiedPlan {
-    int sp, K, chunks, group, kv, q_per_gpu;
-    int64_t T, S, d, D;
-    int64_t batch, seq;  // the attention's view: B sequences of seq tokens (B = 1 under Ulysses)
-    int q_first(int j, int i) const { return j * q_per_gpu + i * K; }
-    int kv_first(int j, int i) const { return q_first(j, i) / group; }
-    // Whether chunk i starts a new KV group (the same for every GPU: see untied_check).
-    bool new_kv(int i) const { return i == 0 || (q_per_gpu >= group && (i * K) % group == 0); }
-    bool last_of_kv(int i) const { return i == chunks - 1 || new_kv(i + 1); }
-};
-
-UntiedPlan untied_plan(const Model& m) {
-    const LlamaConfig& c = m.cfg;
-    UntiedPlan p;
-    p.sp = m.shape.sp;
-    p.K = m.opt.untied;
-    p.q_per_gpu = c.n_heads / p.sp;
-    p.chunks = p.q_per_gpu / p.K;
-    p.group = c.n_heads / c.n_kv_heads;
-    p.kv = std::max(1, p.K / p.group);
-    p.T = m.shape.tokens();
-    p.S = p.T * p.sp;
-    p.batch = m.shape.batch;
-    p.seq = m.shape.seq;
-    p.d = c.head_dim;
-    p.D = c.dim;
-    return p;
-}
-
-void chunk_all_to_all(Model& m, const UntiedPlan& p, void* out, const void* in, int64_t n, DType t, cudaStream_t s);
-
-// Rows of the fused wqkv (and its gradient) that hold query head h, and KV head g's k and v.
-int64_t q_row(const LlamaConfig& c, int h) { return (int64_t)h * c.head_dim; }
-int64_t k_row(const LlamaConfig& c, int g) { return (int64_t)(c.n_heads + g) * c.head_dim; }
-int64_t v_row(const LlamaConfig& c, int g) { return (int64_t)(c.n_heads + c.n_kv_heads + g) * c.head_dim; }
-
-// The layer's normalized input, token chunk by token chunk (m.chunk_rows rows at a time, into
-// the attention-norm chunk buffer xn1 / rstd1, which Untied Ulysses does not otherwise use): with
-// --chunked no full-width copy of it is kept (without, one chunk is the whole sequence). Calls
-// f(t0, n, xn) for each chunk.
-template <class F>
-void for_each_normalized_chunk(Model& m, int l, F f, cudaStream_t s) {
-    const LayerActivations& a = m.layers[l];
-    const int64_t T = m.shape.tokens(), D = m.cfg.dim;
-    for (int64_t t0 = 0; t0 < T; t0 += m.chunk_rows) {
-        const int64_t n = std::min(m.chunk_rows, T - t0);
-        rmsnorm_forward(a.xn1, a.rstd1, a.x_in + t0 * D, m.w(P_ATTN_NORM, l), n, (int)D, m.cfg.norm_eps, s);
-        f(t0, n, a.xn1);
-    }
-}
-
-// q of chunk i for every destination (and k | v of its KV heads when the chunk starts a new KV
-// group), projected straight into the send blocks, RoPE'd; then to head-sharded.
-void untied_project(Model& m, const UntiedPlan& p, int l, int i, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
-    const bool kv = p.new_kv(i);
-    const bf16* W = m.w(P_WQKV, l);
-    for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
-        for (int j = 0; j < p.sp; j++) {
-            bf16* q = m.untied_q_send + (int64_t)j * p.T * w + t0 * w;
-            linear_forward(q, xn, W + q_row(c, p.q_first(j, i)) * p.D, nullptr, n, p.D, w, s);
-            if (!kv) continue;
-            bf16* k = m.untied_kv_send + (int64_t)j * p.T * 2 * kvw + t0 * 2 * kvw;
-            const int g = p.kv_first(j, i);
-            gemm_rm(false, true, n, kvw, p.D, xn, p.D, W + k_row(c, g) * p.D, p.D, k, 2 * kvw, false, 1.f, 0.f,
-                    nullptr, s);
-            gemm_rm(false, true, n, kvw, p.D, xn, p.D, W + v_row(c, g) * p.D, p.D, k + kvw, 2 * kvw, false, 1.f, 0.f,
-                    nullptr, s);
-        }
-    }, s);
-    for (int j = 0; j < p.sp; j++) {
-        rope_apply(m.untied_q_send + (int64_t)j * p.T * w, p.T, 0, m.shape.seq, m.shape.first_position(), p.K,
-                   (int)p.d, w, m.inv_freq, false, s);
-        if (kv)
-            rope_apply(m.untied_kv_send + (int64_t)j * p.T * 2 * kvw, p.T, 0, m.shape.seq, m.shape.first_position(),
-                       p.kv, (int)p.d, 2 * kvw, m.inv_freq, false, s);
-    }
-    chunk_all_to_all(m, p, m.untied_q, m.untied_q_send, p.T * w, DType::BF16, s);
-    if (kv) chunk_all_to_all(m, p, m.untied_kv, m.untied_kv_send, p.T * 2 * kvw, DType::BF16, s);
-}
-
-AttentionShape chunk_shape(const UntiedPlan& p) { return {(int)p.batch, p.seq, p.K, p.kv, (int)p.d}; }
-
-// The chunk's all-to-all among the GPUs that share the sequence; without Ulysses (one GPU per
-// sequence, data parallel or alone) it is a local copy, whatever the world is.
-void chunk_all_to_all(Model& m, const UntiedPlan& p, void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
-    if (p.sp > 1) return m.comm->all_to_all(out, in, n, t, s);
-    CUDA_CHECK(cudaMemcpyAsync(out, in, n * (t == DType::BF16 ? 2 : 4), cudaMemcpyDeviceToDevice, s));
-}
-
-}  // namespace
-
-void untied_check(const LlamaConfig& c, const RunShape& shape, int K) {
-    if (K <= 0) return;
-    const int sp = shape.sp, q = c.n_heads / sp, group = c.n_heads / c.n_kv_heads;
-    if (q % K)
-        usage_error("--untied=" + std::to_string(K) + ": each GPU's " + std::to_string(q) +
-                    " query heads do not split into chunks of " + std::to_string(K));
-    if (K % group && group % K)
-        usage_error("--untied=" + std::to_string(K) + ": chunks must hold whole GQA groups of " +
-                    std::to_string(group) + " query heads, or divide one");
-    if (q > group && q % group)
-        usage_error("--untied: each GPU's query heads must cover whole GQA groups");
-}
-
-void untied_forward(Model& m, int l, cudaStream_t s) {
-    const UntiedPlan p = untied_plan(m);
-    LayerActivations& a = m.layers[l];
-    const LlamaConfig& c = m.cfg;
-    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
-    for (int i = 0; i < p.chunks; i++) {
-        untied_project(m, p, l, i, s);
-        AttentionForwardArgs fa{m.untied_q, m.untied_kv, m.untied_kv + kvw, w, 2 * kvw, 2 * kvw, m.untied_o, w,
-                                a.lse + (int64_t)i * p.K * p.S};
-        attention_forward(fa, chunk_shape(p), s);
-        // Back to token-sharded, into chunk i's columns of every GPU's share of the output.
-        chunk_all_to_all(m, p, m.untied_o_recv, m.untied_o, p.T * w, DType::BF16, s);
-        blocks_to_strided_kernel<bf16><<<blocks(p.sp * p.T * w), 256, 0, s>>>(
-            a.att, m.untied_o_recv, p.T, p.sp, w, c.q_dim(), (int64_t)i * w, (int64_t)p.q_per_gpu * p.d);
-        CUDA_CHECK_LAUNCH();
-    }
-}
-
-// On entry m.dres holds d loss / d x_mid (the MLP's backward is done; Wo's weight gradient too)
-// and a.att, a.lse the layer's forward. Adds d loss / d x_in into m.dres and the projection and
-// norm gradients into the unit. m.dres stays d loss / d x_mid until the end (every chunk's d out
-// is taken from it), so the attention side's input gradient gathers in m.untied_dxn.
-void untied_backward(Model& m, int l, cudaStream_t s) {
-    const UntiedPlan p = untied_plan(m);
-    LayerActivations& a = m.layers[l];
-    const LlamaConfig& c = m.cfg;
-    const int64_t w = p.K * p.d, kvw = p.kv * p.d, QD = c.q_dim();
-    const bf16* W = m.w(P_WQKV, l);
-    const bf16* Wo = m.w(P_WO, l);
-    float* dW = m.g(P_WQKV, l);
-    bool dxn_written = false;
-    auto add_dxn = [&](const bf16* dy, int64_t ld, const bf16* Wrows, int64_t rows) {  // dxn += dy Wrows
-        gemm_rm(false, false, p.T, p.D, rows, dy, ld, Wrows, p.D, m.untied_dxn, p.D, false, 1.f,
-                dxn_written ? 1.f : 0.f, m.untied_dxn, s);
-        dxn_written = true;
-    };
-    for (int i = 0; i < p.chunks; i++) {
-        untied_project(m, p, l, i, s);
-        // d out of the chunk for every destination, straight into its send block: dres times the
-        // chunk's columns of Wo (Wo's input gradient, one head chunk at a time, so no full-width
-        // d out is kept), and delta = rowsum(d out * out) beside it, on the token-sharded side.
-        for (int j = 0; j < p.sp; j++) {
-            bf16* dout = m.untied_q_send + (int64_t)j * p.T * w;
-            const int64_t col = q_row(c, p.q_first(j, i));  // the chunk's first column of att and Wo
-            gemm_rm(false, false, p.T, w, p.D, m.dres, p.D, Wo + col, QD, dout, w, false, 1.f, 0.f, nullptr, s);
-            delta_kernel<<<(unsigned)((p.T * p.K + 7) / 8), 256, 0, s>>>(m.untied_delta_send + (int64_t)j * p.T * p.K,
-                                                                        dout, w, a.att + col, QD, p.T, p.K, (int)p.d);
-            CUDA_CHECK_LAUNCH();
-        }
-        chunk_all_to_all(m, p, m.untied_o, m.untied_q_send, p.T * w, DType::BF16, s);  // d out [S, K d]
-        chunk_all_to_all(m, p, m.untied_delta_recv, m.untied_delta_send, p.T * p.K, DType::F32, s);
-        transpose_kernel<<<blocks(p.S * p.K), 256, 0, s>>>(m.untied_delta_heads, m.untied_delta_recv, p.batch, p.seq, p.K);
-        CUDA_CHECK_LAUNCH();
-        // Attention backward of the chunk; dK, dV summed over the chunks of a KV group in place.
-        AttentionBackwardArgs ba{m.untied_q, m.untied_kv, m.untied_kv + kvw, nullptr, m.untied_o, w, 2 * kvw, 2 * kvw,
-                                 0, w, a.lse + (int64_t)i * p.K * p.S, m.untied_dq, m.untied_dkv,
-                                 m.untied_dkv + kvw, w, 2 * kvw, 2 * kvw, m.untied_delta_heads};
-        ba.accumulate_dkv = !p.new_kv(i);
-        ba.dq_accum = m.dq_accum;
-        attention_backward(ba, chunk_shape(p), s);
-        // dq back to token-sharded at once, RoPE undone; with a complete KV group, dk | dv too
-        // (replicated heads add up). Then the input gradient, and the weight gradients token chunk
-        // by token chunk against the normalized input, recomputed.
-        const bool kv_done = p.last_of_kv(i);
-        chunk_all_to_all(m, p, m.untied_o_recv, m.untied_dq, p.T * w, DType::BF16, s);
-        if (kv_done) chunk_all_to_all(m, p, m.untied_kv_send, m.untied_dkv, p.T * 2 * kvw, DType::BF16, s);
-        for (int j = 0; j < p.sp; j++) {
-            bf16* dq = m.untied_o_recv + (int64_t)j * p.T * w;
-            rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s);
-            add_dxn(dq, w, W + q_row(c, p.q_first(j, i)) * p.D, w);
-            if (!kv_done) continue;
-            bf16* dkv = m.untied_kv_send + (int64_t)j * p.T * 2 * kvw;
-            const int g = p.kv_first(j, i);
-            rope_apply(dkv, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, true, s);
-            add_dxn(dkv, 2 * kvw, W + k_row(c, g) * p.D, kvw);
-            add_dxn(dkv + kvw, 2 * kvw, W + v_row(c, g) * p.D, kvw);
-        }
-        for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
-            for (int j = 0; j < p.sp; j++) {
-                const bf16* dq = m.untied_o_recv + (int64_t)j * p.T * w + t0 * w;
-                linear_backward_weight(dW + q_row(c, p.q_first(j, i)) * p.D, dq, xn, n, p.D, w, s);
-                if (!kv_done) continue;
-                const bf16* dkv = m.untied_kv_send + (int64_t)j * p.T * 2 * kvw + t0 * 2 * kvw;
-                const int g = p.kv_first(j, i);
-                gemm_rm(true, false, kvw, p.D, n, dkv, 2 * kvw, xn, p.D, dW + k_row(c, g) * p.D, p.D, true, 1.f, 1.f,
-                        nullptr, s);
-                gemm_rm(true, false, kvw, p.D, n, dkv + kvw, 2 * kvw, xn, p.D, dW + v_row(c, g) * p.D, p.D, true, 1.f,
-                        1.f, nullptr, s);
-            }
-        }, s);
-    }
-    // The attention norm's backward, chunk by chunk (its rstd recomputed): dres += d/dx_in.
-    const int64_t D = p.D;
-    for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16*) {
-        rmsnorm_backward(m.dres + t0 * D, m.g(P_ATTN_NORM, l), m.untied_dxn + t0 * D, a.x_in + t0 * D,
-                         m.w(P_ATTN_NORM, l), a.rstd1, n, (int)D, true, m.norm_partial, s);
-    }, s);
 }
