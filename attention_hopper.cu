@@ -1,7 +1,26 @@
-// attention_hopper.cu - the fast attention kernels, for Hopper (sm_90a): the same contract as
-// attention.cu (causal, grouped-query, bf16 in and out, fp32 lse in natural log, every offset
-// 64-bit), head dim 128. attention.cu stays the readable reference and the test oracle; the
-// dispatch at the end of this file picks these kernels where they apply.
+// attention_hopper.cu - the fast attention kernels the model uses on Hopper (sm_90a), their
+// launchers, and the dispatch between them and attention.cu's reference kernels.
+//
+// The contract is attention.cu's (causal, grouped-query, bf16 in and out, fp32 lse in natural
+// log, every offset 64-bit) for the shapes these kernels support: head dim 128, whole GQA
+// groups, 16-byte aligned tensors with row strides of multiples of 8 elements, fewer than 2^31
+// tokens per sequence, an sm_90 GPU (attention_hopper_applies). Every other call goes to
+// attention.cu, which stays the readable reference and the test oracle.
+//
+// Kernels (namespace hopper). The first four have blocks of 384 threads: a producer warpgroup
+// and two consumer warpgroups, consumer c owning rows (or keys) 64c..64c+63 of the block's 128.
+//   forward_kernel      O and lse; a block: 128 query rows of one head, walking 128-key tiles.
+//   dkdv_kernel<false>  dK and dV; a block: 128 keys of one KV head, walking every query head of
+//                       its GQA group and their 64-row query tiles at or after its keys.
+//   dq_kernel           dQ; a block: 128 query rows of one head, walking 64-key tiles.
+//   dkdv_kernel<true>   the fused backward: dkdv_kernel<false>'s work, plus each step's part of
+//                       dQ = dS K, added in fp32 to a workspace in a fixed order.
+//   dq_convert_kernel   the fused backward's last step; a block: 64 query rows of one head,
+//                       whose fp32 dQ sums it scales and rounds to bf16.
+// Launchers: attention_forward_hopper (forward_kernel); attention_backward_hopper (delta given:
+// dkdv_kernel<false> then dq_kernel, or, with a dQ workspace, dkdv_kernel<true> then
+// dq_convert_kernel). attention_forward and attention_backward, at the end of the file, are the
+// dispatch the model calls. Measurements and the tuning history: docs/attention.md.
 //
 // What makes them fast, compared with attention.cu's mma.sync kernels:
 //
@@ -24,8 +43,8 @@
 //    descriptor (wgmma's transpose bit), so every tile is loaded once in one layout.
 //  * Causal tiles on and below the diagonal only (per block; inside a block, the dQ kernel's and
 //    the fused dK/dV kernel's consumers compute a tile that lies wholly after their rows masked
-//    to zeros, since their turns or barriers need every step), mask arithmetic on diagonal
-//    tiles only, and longest-first block order (blocks with the most tiles to walk start first,
+//    to zeros, since their turns or barriers need every step), mask arithmetic on edge tiles
+//    only, and longest-first block order (blocks with the most tiles to walk start first,
 //    so the last wave is short ones; in the forward, and in the backward from 16K tokens,
 //    within each KV head, whose blocks run together).
 //
@@ -55,33 +74,16 @@
 //   TMA unit add it to the workspace (see the kernel); 5 products, 4 bytes per dQ element. Its
 //   adds to each query tile go in a fixed order (by key tile), so it too is bit-reproducible.
 //
-// Speed on an H200 (build/bench_attention beside bench/attention_vs_torch.py, same device call,
-// both alternating forward and backward; results/attention_h200.json), causal, 8K-128K tokens,
-// the 3B (24/8 heads) and 8B (32/8) shapes, commit ffffbaf (the backward's block order by size):
-//   forward         576-618 TFLOP/s   PyTorch flash 291-350, cuDNN 502-617 (attention.cu, an
-//                                     earlier run: 216-232)
-//   backward        467-501 TFLOP/s   PyTorch flash 256-324, cuDNN 445-535 (attention.cu 118-144)
-//   fused backward  481-544 TFLOP/s   (502-542 from 16K: 0.98-1.01x cuDNN's)
-// The deterministic backward's two kernels run their own products at 640-670 (dK/dV) and
-// 690-720 (dQ) TFLOP/s (tuning bench); the gap to the fused one is the two recomputed products.
-// What most of the backward's gain over the previous version came from: masks evaluated on
-// edge tiles only, and descriptors built once per tile (see zero_outside and desc_bits).
-// At 1M tokens (one run each, not checked against the reference here; the 1M test of
-// tests/test_attention.cu checks sampled rows and keys): forward 604-613, backward 482-483,
-// fused 541-553 TFLOP/s. The backward kernels take their blocks KV head by KV head, as the
-// forward does, for this: taken key tile by key tile (all KV heads of a key tile, then the next
-// tile), the blocks running at once walked 8 KV heads' query tiles, and those that walked the
-// same ones drifted apart over their long lives (group x (n_qt - 2 kt) steps, about 49,000 at
-// 1M), until L2 no longer held a tile between their reads (bench/schedule_sim.cpp models it).
-// Nsight Compute counted it then: both dK/dV kernels hit L2 on only 33-40% of their sectors at
-// 512K and 1M; the fused one moved 151 TB through DRAM at 1M in 45 s (3.35 TB/s), at 373-376
-// TFLOP/s against 534 at 512K (the deterministic backward: 428 and 433). KV head by KV head,
-// one KV head's blocks run together, so a tile one reads is read by the others while L2 has it
-// (our reading; not yet counted with Nsight Compute). At 1M, 3B, in one device call: fused 553
-// against 376, deterministic 483 against 432; at 16K-128K the same within 3% (fused 523-552
-// against 519-543, the dK/dV and dQ kernels' products 638-666 and 691-718 against 631-660 and
-// 678-721). Below 16K tokens the blocks go key tile by key tile across the heads, since at 8K
-// KV head by KV head cost 12% (see KV_MAJOR_MIN_TILES).
+// Block order of the backward. From 16K tokens the backward kernels take their blocks KV head
+// by KV head, as the forward does: the blocks running at once then walk one KV head's query
+// tiles, so a tile one of them reads is read by the others while L2 still holds it. Taken key
+// tile by key tile across the KV heads, the blocks running at once walk 8 KV heads' tiles, and
+// those that share a head's tiles drift apart over their long lives (group x (n_qt - 2 kt)
+// steps, about 49,000 at 1M tokens for the 3B shape) until L2 no longer holds a tile between
+// their reads: long sequences then become bound by DRAM (bench/schedule_sim.cpp models it).
+// Below 16K tokens one KV head's blocks are less than a wave, and KV head by KV head would
+// leave the last wave to the last KV head's longest blocks: there the blocks go key tile by
+// key tile across the heads, longest first over all of them (see KV_MAJOR_MIN_TILES).
 
 // Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
@@ -173,8 +175,8 @@ __device__ inline float exp2_fast(float x) {
 // address / 16, 16-29 the leading byte offset / 16, 32-45 the stride byte offset / 16, 62-63 the
 // swizzle mode. A k-slice's descriptor is its tile's plus the slice's offset / 16 in the low word
 // (shared addresses are below 256 KB, so the address field does not carry over): one add per
-// product instead of rebuilding every field (about 7 instructions per descriptor, 2 per product,
-// 32 products per step of the dK/dV kernel, before).
+// product instead of rebuilding every field, which takes several instructions per descriptor on
+// the path between one product and the next.
 __device__ inline uint64_t desc_bits(uint32_t addr, uint32_t offset, uint32_t lead_bytes, uint32_t stride_bytes) {
     const uint32_t lo = ((addr & 0x3FFFF) >> 4 | (lead_bytes >> 4) << 16) + (offset >> 4);
     return (uint64_t)((stride_bytes >> 4) | 1u << 30) << 32 | lo;
@@ -345,8 +347,8 @@ struct Lane {
 // x - r > hi or x >= x_end: the causal mask and the sequence's end on the tiles that cross them.
 // x - r is a compile-time constant per element plus one per thread (2t - 16 warp - g), so each
 // test is one 32-bit compare with an immediate. Call it on those tiles only, in a branch of its
-// own: interleaved with the exponentials, the compiler evaluated the tests (in 64 bits) on
-// every tile, 300 instructions per step of the dK/dV kernel (Nsight Compute, 16K, 3B).
+// own: interleaved with the exponentials, the compiler evaluates the tests (in 64 bits) on every
+// tile, before the step's first product.
 __device__ inline void zero_outside(float* acc, const Lane& ln, int64_t lo, int64_t hi, int64_t x_end) {
     const int lane_diff = 2 * ln.t - ln.row(0);                  // x - r, less the constant part
     const int lo_t = (int)max(min(lo, (int64_t)128), (int64_t)-128) - lane_diff;  // |x - r| < 64
@@ -461,11 +463,6 @@ __device__ inline void rescale(float* o, const float* correction) {
 // products do. Within a consumer, the softmax of S_j runs while O += P_{j-1} V_{j-1} does; P_j
 // is packed into the registers P_{j-1} used once that product is done, so no second set of P
 // registers is needed.
-// Measured on an H200 (build/bench_attention_hopper --bench, 3B / 8B): 651 / 653 TFLOP/s at 16K
-// and 601 / 590 at 64K, against 611-619 / 618-621 and 561-565 / 561-562 for the loop before it
-// (each product waited for, the other consumer left to fill the gaps). Also tried before that:
-// S_{j+1} issued before the softmax of tile j with a second set of P registers, without the
-// turns: 625 / 552 at 16K / 64K against that loop's 623 / 569.
 __global__ void __launch_bounds__(THREADS, 1)
     forward_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const FwdParams p) {
@@ -480,8 +477,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     // Block -> (query tile, head, batch): KV head by KV head (so the blocks running at once read
     // the same K and V, from L2), and within one the longest query tiles (most key tiles) first.
-    // (Measured on an H200 against head-minor order, all heads of a query tile next to each
-    // other: 630-633 against 622 TFLOP/s at 16K, 580-582 against 563-571 at 64K.)
     const int64_t per_kv_head = p.n_q_tiles * p.group, outer = blockIdx.x / per_kv_head, inner = blockIdx.x % per_kv_head;
     const int n_kv_heads = p.n_heads / p.group;
     const int b = (int)(outer / n_kv_heads), kvh = (int)(outer % n_kv_heads);
@@ -615,12 +610,10 @@ struct BwdParams {
 constexpr int BWD_STAGES = 3;
 // The backward's blocks go KV head by KV head from this many 128-row tiles per sequence (16K
 // tokens), where one KV head's dK/dV blocks about fill the GPU's 132 SMs; below it, tile by tile
-// across the heads, longest first over all of them. Measured on an H200 (3B / 8B, one device
-// call, two rounds): at 8K, KV head by KV head lost 12% (deterministic 449 / 418 against 507-510
-// / 447-455 TFLOP/s; fused 441-460 / 436-439 against 508-521 / 492-495): the last wave then
-// holds the last KV head's longest blocks. At 16K both orders ran the same (deterministic 468-474
-// against 470-473, fused 516-524 against 520-525); at 1M KV head by KV head wins (see the header).
-// (bench/schedule_sim.cpp: no chunked order does both.)
+// across the heads, longest first over all of them, since with fewer tiles KV head by KV head
+// leaves the last wave to the last KV head's longest blocks. Long sequences need KV head by KV
+// head for L2 (see the header); at 16K both orders run alike. (bench/schedule_sim.cpp: no order
+// in chunks of key tiles does both.)
 constexpr int64_t KV_MAJOR_MIN_TILES = 128;
 static int64_t kv_major_min_tiles = KV_MAJOR_MIN_TILES;  // tests set it to run both orders
 static bool break_dq_order = false;  // tests: the fused backward's counts start at -1 (never met)
@@ -644,22 +637,10 @@ constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per
 // bit-reproducible. The order could cost waiting, and the walk is chosen so that it does not
 // (see Walk): the blocks of one KV head that run at once walk the query tiles from the last one
 // down, all heads of a tile in turn, so a block reaches each tile it shares with the block
-// before it at the same step as that block, one add behind it. Measured on an H200 (tuning
-// bench, one device call, 3B / 8B shapes): 523 / 522 TFLOP/s at 16K, 547 / 536 at 64K, 552 / 532
-// at 128K, against 476 / 488, 528 / 524, 538 / 535 when each block walked head by head from the
-// diagonal up (every head's first tiles then waited two steps for the block before). At
-// 3c2c11c the same bench measured that head-by-head walk adding in any order at 519-523 (16K),
-// 527-531 (64K) and 537-539 (128K): the fixed order now costs nothing measurable. Walking by
-// tiles with the grid key tile major, in the same call: 527 / 519, 539 / 527, 543 / 532, the
-// same, but 376 at 1M against 553 KV head major (the grid order; the header says why).
-// Tried and slower: keeping a block at most 6 query tiles ahead of the next key tile's block
-// (counts posted per block, heads walked in turn): 398-424 TFLOP/s at 16K-128K against 476-538
-// in the same call; a model (bench/schedule_sim.cpp) had said 1.5% slower. Not understood.
-// Measured on an H200 when its adds went in any order (build/bench_attention_hopper --bench, 3B
-// and 8B shapes, 16K and 64K, commit 2657aab): 490-509 TFLOP/s for the whole backward, against
-// 337-350 for the deterministic kernels then. The
-// first version, where each consumer issued the adds itself after dK (two named barriers per
-// step around its shared tile, nothing of its own running meanwhile), reached 434-440.
+// before it at the same step as that block, one add behind it. (Walking head by head from the
+// diagonal up, every head's first tiles would wait two steps for the block before.)
+// The adds are issued by a producer warp, not by the consumers, so that a consumer's dK product
+// runs while its dQ part is stored and added.
 constexpr int DQ_ACC_TILE = BQ * 64 * 4;  // bytes of one consumer's 64 x 64 fp32 part of a step's dQ
 // The fused backward's workspace: the fp32 sums, [batch][head][64-row query tile][2][64][64]
 // (as BwdParams::dq_accum), then one int32 count per query tile (the order of the adds); the counts start here.
@@ -674,26 +655,11 @@ constexpr int dkdv_smem() {
 }
 static_assert(dkdv_smem<true>() <= 227 * 1024, "the fused dK/dV/dQ kernel's shared memory exceeds the SM's");
 
-// Without FUSED_DQ the consumers take turns (S^T and dP^T, then dV and dK). Measured on an H200
-// (tuning bench, 3B / 8B at 16K and 64K, same device call): 636 / 596-638 TFLOP/s of the
-// kernel's products at 16K and 650 / 650-654 at 64K, against 604 / 606 and 615 / 622 without.
-// (An earlier try of the same turns lost 28%: 345-358 against 482. The loop then spent about
-// 550 of its 970 instructions per step on masks and descriptors (see zero_outside and
-// desc_bits), all on the path between one product and the next, which the turns serialize.)
-// (Tried on an H200: issuing the next step's S^T and dP^T before waiting for this step's dV and
-// dK. The compiler serializes those products (ptxas C7515) and it ran no faster: 478 against
-// 480 TFLOP/s of the kernel's products at 16K. Fused: dQ one step late with the dS^T tiles
-// handed over by mbarriers instead of the named barrier: 476-492 against 478-498. Fused, with
-// the bloated loop: turns in three per step (S^T, dP^T; dV, dK; dQ): 379-410 against 487-511.
-// Fused, with the lean loop: turns in two per step (S^T, dP^T; then dV, dQ, dK, each consumer
-// arriving at a named barrier of its own once its dS^T is written and waiting at the other's
-// before dQ). At 16K and 64K, 531-545 TFLOP/s against 516-534 (two rounds, one device call),
-// but erratic at 128K and beyond: at 8B 128K the kernel took 868 ms in one run and 659 ms
-// without the turns, the whole bench's median 877 ms once and 672 ms another time, and at 1M
-// (3B) the backward ran at 365 TFLOP/s, below the deterministic kernels' 426. Not kept until
-// that is understood. A suspend-time hint on the mbarrier waits, so that waiting warps sleep
-// instead of spinning: on every wait, this kernel's products lost 8% (586-619 against
-// 642-671); on the producers' waits only, no change (511-535 against 516-534 fused).)
+// Without FUSED_DQ the consumers take turns (S^T and dP^T, then dV and dK). The turns serialize
+// the path between one product and the next, so they help only while that path is short: masks
+// on edge tiles only, descriptors built once per tile (see zero_outside and desc_bits). With
+// FUSED_DQ the consumers do not take turns; they meet at a named barrier before dQ every step
+// (docs/attention.md has the turns tried there, and the other variants not kept).
 template <bool FUSED_DQ>
 __global__ void __launch_bounds__(THREADS, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
@@ -958,13 +924,6 @@ __global__ void dq_convert_kernel(const BwdParams p, int64_t n_qt) {
 // ---- dQ: one block per 128 query rows of one head.
 constexpr int DQ_SMEM = 1024 + 2 * TILE + BWD_STAGES * 2 * HALF_TILE + 8 * (1 + 2 * BWD_STAGES);
 
-// Measured on an H200 (build/bench_attention_hopper --bench): with the turns, 647 / 649 TFLOP/s
-// of the kernel's products at 16K (3B / 8B) and 591 / 590 at 64K, against 498 / 505 at 16K
-// without them (same device call; 482-485 at 64K earlier that day). Its results were
-// bit-identical to attention.cu's on the bench's six checked shapes, as before.
-// (Tried on an H200: this consumer's rows of Q and dO held in registers as the A operands of S
-// and dP, so those products read only B from shared memory: 502-510 against 496-502 TFLOP/s of
-// the kernel's products at 16K, within run-to-run noise, so not kept.)
 __global__ void __launch_bounds__(THREADS, 1)
     dq_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
               const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v, const BwdParams p) {

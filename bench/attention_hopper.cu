@@ -28,8 +28,8 @@ struct Buffers {
     float *lse_a, *lse_b, *delta;
 };
 
-// Random N(0, 1) bf16 values, drawn on the device (drawing them on the host took seconds per
-// shape at 64K tokens, out of the device call's time).
+// Random N(0, 1) bf16 values, drawn on the device (at 64K tokens a shape has hundreds of millions
+// of them, slow to draw on the host).
 static void random_bf16(bf16* dst, int64_t n, uint64_t seed) {
     float* scratch;
     CUDA_CHECK(cudaMalloc(&scratch, n * 4));

@@ -4,52 +4,27 @@
 //      tile before them to have added a query tile);
 //   2. whether the blocks of one KV head, which walk the same query tiles, still read them at
 //      about the same time (so from L2) after many waves of blocks.
-// The model: 132 SMs, one block each; blocks start in grid order as SMs free up, the grid either
-// key tile major (then KV head; the backward's order before 754cfba) or KV head major (the
-// forward's, and the backward's since 754cfba); a block walks (query head of its group, query
-// tile) from its diagonal on (or by tiles, WALK), one time unit per tile at its own speed
-// (normal around 1, SIGMA); L2 is an LRU list of L2_TILES tiles (a step's Q and dO
-// tiles count as one, 32 KB: 1600 of them fill 50 MB). Rules (RULE):
-//   any       no waiting (the deterministic dK/dV kernel, and the fused one before 3c2c11c)
+// The model: 132 SMs, one block each; blocks start in grid order as SMs free up, the grid key
+// tile major (then KV head: the backward's order below 16K tokens), KV head major (the
+// forward's, and the backward's from 16K tokens) or in chunks of key tiles (GRID); a block walks
+// (query head of its group, query tile) from its diagonal on, head by head or by tiles (WALK),
+// one time unit per tile at its own speed (normal around 1, SIGMA); L2 is an LRU list of
+// L2_TILES tiles (a step's Q and dO tiles count as one, 32 KB: 1600 of them fill 50 MB).
+// Rules (RULE):
+//   any       no waiting (the deterministic dK/dV kernel)
 //   ordered   a block reads a tile only after the block of the key tile before (same KV head), if
-//             running, has passed it (the fused kernel's ordered adds, 3c2c11c)
+//             running, has passed it (the fused kernel's ordered adds)
 //   in-step   ordered, and a block does not go more than IN_STEP tiles ahead of the block of the
 //             next key tile while that one runs in the same query head (an experiment, not in
 //             the kernel)
 //   make build/schedule_sim (part of make all)
-//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [kt|kv|cW] [L2_TILES=1600] [heads|tiles]
+//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [GRID=kt|kv|cW] [L2_TILES=1600] [WALK=heads|tiles]
 // Prints the time against the ideal (total work / SMs) and the L2 hit rate of the reads.
 // Where it is cruder than the kernel: it waits before a tile's read, where the fused kernel waits
 // only at the add, with a stored dQ part and three stages of slack, so its ordering cost is
 // pessimistic; its L2 holds Q and dO only (the fused kernel's fp32 sums, 32 KB per step, go
 // through L2 too); its hit rate counts Q/dO reads only, Nsight Compute's counts every sector.
-// What it said (2026-11-30), 3B shape (8 KV heads, groups of 3), sigma 1%, key tile major:
-//   ordered adds: 12% at 16K, 3% at 64K (measured on an H200: 7-11% and 1-3%); with one KV head
-//   per GPU (Ulysses over eight GPUs) 28% at 64K, 13% at 128K (not measured);
-//   L2 hits, any: 93.5% at 16K, 93.8% at 64K, 41.6% at 256K, 14.1% at 512K (Nsight Compute at
-//   512K and 1M: 33-40% of all sectors); ordered: 38.2% at 256K; in-step: 93.9% at 256K for
-//   1.5% more time than ordered; KV head major, any: 99.2% at 64K-512K at no cost in time
-//   (ordered: 20% slower at 64K).
-//   Walking by tiles (WALK = tiles) instead of by heads: ordered adds cost 1.6% at 16K and 1.0%
-//   at 64K (one KV head per GPU: 4.1% at 64K); with KV head major, 99% hits at 16K-256K for
-//   6% / 1.9% / 1.8% at 16K / 64K / 256K.
-// What was measured then (H200, tuning bench and one-run 1M bench, one device call each, 3B / 8B):
-//   by tiles, ordered, key tile major: fused 527 / 519 TFLOP/s at 16K against 476 / 488 by heads
-//   (the model: +10.4%; measured +11% / +6%), 539 / 527 at 64K against 528 / 524 (+1.7%; +2% /
-//   +1%); at 1M (3B) 376 against 376 (the model: still 14-42% hits beyond 256K);
-//   KV head major: the deterministic kernels unchanged at 16K-128K and 483 against 432 at 1M;
-//   with the tiles walk the fused one 553 at 1M (the model's 99% hits), 523-552 at 16K-128K:
-//   the model's cost of KV head major with ordered adds (6% at 16K) did not show;
-//   in-step: 398-424 at 16K-128K against 476-538 ordered, where the model said 1.5% slower; the
-//   model misses what its waits cost the kernel (not understood). The kernel kept KV head major
-//   and the tiles walk. At 8K KV head major measured 12-15% slower (the model: 22-24%: the last
-//   wave holds the last KV head's longest blocks).
-// Chunks (GRID cW) to keep both, longest first across heads and L2 hits (time x ideal, hits;
-// ordered with the tiles walk / any with the heads walk): at 8K kt 1.034 / 1.013, c16 1.103 /
-// 1.072, c32 1.182 / 1.146, kv 1.287 / 1.238; at 16K kt 1.016 / 1.006, c32 1.054 / 1.037, kv
-// 1.060 / 1.018 (measured: the same within 1%); at 256K hits kt 39 / 42%, c16 84 / 79%, c32
-// 87 / 92%, c64 87 / 92%, kv 99 / 99%. So no chunk width does both: choose the order by size,
-// key tile major below 16K tokens and KV head major from there.
+// What it predicted, and how that compared with the kernels: docs/attention.md.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -102,8 +77,9 @@ int main(int argc, char** argv) {
     const char* grid = argc > 7 ? argv[7] : "kt";
     const bool kv_major = strcmp(grid, "kv") == 0;
     const int64_t l2_tiles = argc > 8 ? atoll(argv[8]) : 1600;
-    // WALK: heads = each query head's tiles from the diagonal up, head after head (the kernel's);
-    // tiles = from the last query tile down to the diagonal, all heads of a tile in turn.
+    // WALK: heads = each query head's tiles from the diagonal up, head after head (the
+    // deterministic dK/dV kernel's); tiles = from the last query tile down to the diagonal, all
+    // heads of a tile in turn (the fused kernel's).
     const bool by_tiles = argc > 9 && strcmp(argv[9], "tiles") == 0;
     const bool ordered = strcmp(rule, "any") != 0, stepped = strcmp(rule, "in-step") == 0;
     const int SMS = 132;

@@ -173,10 +173,12 @@ AttentionBackwardArgs forward_one_sequence(const AttentionShape& sh, int64_t ld,
 }
 
 // Every backward is bit-reproducible: the same inputs give the same bits, run after run. The fused
-// backward's dQ is summed by the TMA unit from many blocks; without its fixed order of adds
-// (by key tile) two runs differed in their last bits at 16K tokens on an H200 (3B heads: 1032
-// dK/dV blocks, about eight waves). At 8K + 37 tokens (65 tiles) the blocks go tile by tile
-// across the heads, at 16K + 37 (129 tiles) KV head by KV head: both orders over several waves.
+// backward's dQ is summed in fp32 by the TMA unit from many blocks, and fp32 addition is not
+// associative, so only its fixed order of adds (by key tile) makes two runs agree to the last
+// bit. The cases run many blocks over several waves (3B heads at 16K tokens: 1032 dK/dV blocks,
+// about eight waves), where adds in any order would arrive in a different order from run to run.
+// At 8K + 37 tokens (65 tiles) the blocks go tile by tile across the heads, at 16K + 37 (129
+// tiles) KV head by KV head: both orders over several waves.
 // Inputs drawn on the device.
 class AttentionRepeat : public ::testing::TestWithParam<std::tuple<bool, int64_t>> {};
 
