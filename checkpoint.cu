@@ -374,7 +374,10 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 // =============================================================================================
 // config.json
-std::string hf_config_json(const LlamaConfig& c) {
+std::string hf_config_json(const LlamaConfig& c, bool bf16) {
+    // transformers loads the weights in the dtype config.json names when from_pretrained is given
+    // none: newer versions read "dtype", older ones "torch_dtype"; both name the dtype written.
+    const char* dtype = bf16 ? "bfloat16" : "float32";
     char buf[2048];
     snprintf(buf, sizeof buf,
              "{\n"
@@ -395,7 +398,8 @@ std::string hf_config_json(const LlamaConfig& c) {
              "  \"hidden_act\": \"silu\",\n"
              "  \"attention_bias\": false,\n"
              "  \"mlp_bias\": false,\n"
-             "  \"torch_dtype\": \"bfloat16\"\n"
+             "  \"torch_dtype\": \"%s\",\n"
+             "  \"dtype\": \"%s\"\n"
              "}\n",
              c.dim, c.ffn_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab, c.norm_eps, c.rope_theta,
              c.rope_scaling.enabled
@@ -406,7 +410,7 @@ std::string hf_config_json(const LlamaConfig& c) {
                     std::to_string((int64_t)c.rope_scaling.original_max_pos) + "}")
                        .c_str()
                  : "null",
-             c.tied_embeddings ? "true" : "false");
+             c.tied_embeddings ? "true" : "false", dtype, dtype);
     return buf;
 }
 
@@ -595,7 +599,7 @@ void write_hf_checkpoint(const std::string& dir, const LlamaConfig& c, const Par
     if (lead) {
         f->commit();
         AtomicFile cfg(dir + "/config.json");
-        std::string js = hf_config_json(c);
+        std::string js = hf_config_json(c, bf16);
         cfg.write(js.data(), js.size());
         cfg.commit();
     }

@@ -520,7 +520,8 @@ std::vector<TimelineEntry> offload_timeline(Model& m);
 
 // ---------------------------------------------------------------------------------------------
 // Files (checkpoint.cu): Hugging Face checkpoints, token files, the training state.
-std::string hf_config_json(const LlamaConfig& c);
+// The config.json of a save: c, and the dtype its weights were written in (bf16 or fp32).
+std::string hf_config_json(const LlamaConfig& c, bool bf16);
 // Usage error (exit 2) listing every field of a config.json that contradicts c.
 void check_hf_config(const LlamaConfig& c, const std::string& config_json, const std::string& path);
 // This GPU's parameters from a HF checkpoint (a .safetensors file, or a directory with

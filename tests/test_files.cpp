@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <regex>
 #include <sstream>
 
 #include "../llama.h"
@@ -136,7 +137,7 @@ TEST(HfCheckpoint, ShardedIndexIsRead) {
     std::string index = "{\"metadata\": {}, \"weight_map\": {\"model.embed_tokens.weight\": \"b.safetensors\", "
                         "\"model.norm.weight\": \"a.safetensors\"}}";
     std::ofstream(two + "/model.safetensors.index.json") << index;
-    std::ofstream(two + "/config.json") << hf_config_json(c);
+    std::ofstream(two + "/config.json") << hf_config_json(c, false);
     DryModel dm(c, false, 1, 0);
     EXPECT_EQ(read_hf_weights(dm.m, two), expected_local(dm.m, p, false));
 }
@@ -257,10 +258,43 @@ TEST(HfCheckpoint, CorruptAndMismatchedFilesAreUsageErrorsNamingTheProblem) {
         write_st(file, e);
         LlamaConfig other = c;
         other.dim = 256;
-        std::ofstream(dir + "/config.json") << hf_config_json(other);
+        std::ofstream(dir + "/config.json") << hf_config_json(other, false);
         std::string msg;
         EXPECT_EQ(fatal_code([&] { check_hf_checkpoint(dm.m, dir); }, &msg), EXIT_USAGE);
         EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// config.json: the dtype it names.
+
+// Every string value of "key" in a JSON text, in order.
+std::vector<std::string> json_strings(const std::string& text, const std::string& key) {
+    std::vector<std::string> out;
+    std::regex re("\"" + key + "\"\\s*:\\s*\"([^\"]*)\"");
+    for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it) out.push_back((*it)[1]);
+    return out;
+}
+
+TEST(HfConfig, NamesTheDtypeTheWeightsWereSavedIn) {
+    std::mt19937_64 rng(fresh_seed());
+    LlamaConfig c = config_by_name("tiny-untied");
+    std::vector<float> p = random_params(param_layout(c), rng);
+    for (bool bf16 : {false, true}) {
+        SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+        std::string dir = tmpdir(bf16 ? "dtype16" : "dtype32");
+        write_checkpoint(dir, c, p, bf16);
+        std::string st = read_text_file(dir + "/model.safetensors");
+        uint64_t hlen;
+        memcpy(&hlen, st.data(), 8);
+        std::vector<std::string> tensors = json_strings(st.substr(8, hlen), "dtype");
+        ASSERT_EQ(tensors.size(), correct_entries(c).size());
+        const std::string want = bf16 ? "bfloat16" : "float32";
+        for (const std::string& d : tensors) EXPECT_EQ(d == "BF16" ? "bfloat16" : d == "F32" ? "float32" : d, want);
+        // transformers reads "dtype" (newer) or "torch_dtype" (older): each once, each the tensors' dtype.
+        std::string cfg = read_text_file(dir + "/config.json");
+        EXPECT_EQ(json_strings(cfg, "dtype"), std::vector<std::string>{want}) << cfg;
+        EXPECT_EQ(json_strings(cfg, "torch_dtype"), std::vector<std::string>{want}) << cfg;
     }
 }
 
