@@ -374,7 +374,10 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 // =============================================================================================
 // config.json
-std::string hf_config_json(const LlamaConfig& c) {
+std::string hf_config_json(const LlamaConfig& c, bool bf16) {
+    // transformers loads the weights in the dtype config.json names when from_pretrained is given
+    // none: newer versions read "dtype", older ones "torch_dtype"; both name the dtype written.
+    const char* dtype = bf16 ? "bfloat16" : "float32";
     char buf[2048];
     snprintf(buf, sizeof buf,
              "{\n"
@@ -395,7 +398,8 @@ std::string hf_config_json(const LlamaConfig& c) {
              "  \"hidden_act\": \"silu\",\n"
              "  \"attention_bias\": false,\n"
              "  \"mlp_bias\": false,\n"
-             "  \"torch_dtype\": \"bfloat16\"\n"
+             "  \"torch_dtype\": \"%s\",\n"
+             "  \"dtype\": \"%s\"\n"
              "}\n",
              c.dim, c.ffn_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab, c.norm_eps, c.rope_theta,
              c.rope_scaling.enabled
@@ -406,18 +410,152 @@ std::string hf_config_json(const LlamaConfig& c) {
                     std::to_string((int64_t)c.rope_scaling.original_max_pos) + "}")
                        .c_str()
                  : "null",
-             c.tied_embeddings ? "true" : "false");
+             c.tied_embeddings ? "true" : "false", dtype, dtype);
     return buf;
 }
+
+namespace {
+
+std::string num_str(double v) {
+    char b[32];
+    snprintf(b, sizeof b, "%.10g", v);
+    return b;
+}
+
+// A JSON value as messages show it.
+std::string json_str(const Json& v) {
+    switch (v.kind) {
+        case Json::NUL: return "null";
+        case Json::BOOL: return v.b ? "true" : "false";
+        case Json::NUM: return num_str(v.num);
+        case Json::STR: return "\"" + v.str + "\"";
+        case Json::ARR: return "an array";
+        case Json::OBJ: return "an object";
+    }
+    return "?";
+}
+
+bool close_to(double got, double want) { return std::fabs(got - want) <= 1e-9 * std::max(1.0, std::fabs(want)); }
+
+bool same_value(const Json& a, const Json& b) {
+    if (a.kind == Json::NUM && b.kind == Json::NUM) return close_to(a.num, b.num);
+    return json_str(a) == json_str(b);
+}
+
+// One line of check_hf_config's message: a field, the checkpoint's value and ours.
+std::string config_line(const std::string& field, const std::string& got, const LlamaConfig& c,
+                        const std::string& want) {
+    return "  " + field + ": checkpoint " + got + ", --config " + c.name + " " + want + "\n";
+}
+
+// The RoPE settings of a config.json, wherever it keeps them: top-level rope_theta and a
+// rope_scaling object (Meta's files, transformers v4), or a rope_parameters object with
+// rope_theta inside (transformers v5). A file may state a setting in both places; then the two
+// must agree. null counts as absent, as in transformers. Each setting keeps the name of where it
+// was found, for messages.
+const char* const kRopeKeys[] = {"rope_theta",      "rope_type",        "factor",
+                                 "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+
+struct RopeSetting {
+    const Json* value = nullptr;
+    std::string where;
+    bool conflict = false;  // the two places disagree (already reported)
+};
+
+struct HfRope {
+    std::map<std::string, RopeSetting> at;  // by key of kRopeKeys
+    std::string home = "rope_scaling";      // the place a missing setting is named in
+    bool unreadable = false;                // rope_scaling or rope_parameters is not an object
+
+    const RopeSetting* find(const std::string& key) const {
+        auto it = at.find(key);
+        return it == at.end() || it->second.conflict ? nullptr : &it->second;
+    }
+    std::string name(const std::string& key) const {
+        auto it = at.find(key);
+        if (it != at.end()) return it->second.where;
+        return key == "rope_theta" && home == "rope_scaling" ? key : home + "." + key;
+    }
+    void add(const std::string& key, const Json* v, const std::string& where, std::string& bad) {
+        if (!v || v->kind == Json::NUL) return;
+        RopeSetting& s = at[key];
+        if (!s.value) {
+            s.value = v, s.where = where;
+        } else if (!same_value(*s.value, *v)) {
+            bad += "  " + key + ": " + s.where + " is " + json_str(*s.value) + " but " + where + " is " + json_str(*v) +
+                   " (the two places disagree)\n";
+            s.conflict = true;
+        }
+    }
+};
+
+HfRope read_hf_rope(const Json& j, const LlamaConfig& c, std::string& bad) {
+    HfRope r;
+    r.add("rope_theta", j.get("rope_theta"), "rope_theta", bad);
+    for (const std::string place : {"rope_scaling", "rope_parameters"}) {
+        const Json* o = j.get(place);
+        if (!o || o->kind == Json::NUL) continue;
+        if (o->kind != Json::OBJ) {
+            bad += config_line(place, json_str(*o) + " (not an object)", c,
+                               c.rope_scaling.enabled ? "llama3 scaling" : "no scaling");
+            r.unreadable = true;
+            continue;
+        }
+        r.home = place;
+        for (const std::string key : kRopeKeys) {
+            std::string k = key == "rope_type" && !o->get(key) ? "type" : key;  // transformers' older spelling
+            r.add(key, o->get(k), place + "." + k, bad);
+        }
+    }
+    return r;
+}
+
+void check_rope_num(const HfRope& r, const std::string& key, double want, const LlamaConfig& c, std::string& bad) {
+    const RopeSetting* s = r.find(key);
+    if (!s) {
+        if (!r.at.count(key)) bad += config_line(r.name(key), "missing", c, num_str(want));
+    } else if (s->value->kind != Json::NUM) {
+        bad += config_line(s->where, json_str(*s->value) + " (not a number)", c, num_str(want));
+    } else if (!close_to(s->value->num, want)) {
+        bad += config_line(s->where, num_str(s->value->num), c, num_str(want));
+    }
+}
+
+// Every RoPE setting of ours against the file's: theta, the rope type ("llama3", or none or
+// "default" when c has no scaling) and, with llama3 scaling, its four numbers, all required.
+void check_hf_rope(const Json& j, const LlamaConfig& c, std::string& bad) {
+    HfRope r = read_hf_rope(j, c, bad);
+    if (r.unreadable) return;
+    check_rope_num(r, "rope_theta", c.rope_theta, c, bad);
+    const RopeSetting* t = r.find("rope_type");
+    if (r.at.count("rope_type") && !t) return;  // the two places disagree on it
+    const std::string want = c.rope_scaling.enabled ? "\"llama3\"" : "none or \"default\"";
+    if (t && t->value->kind != Json::STR) {
+        bad += config_line(t->where, json_str(*t->value) + " (not a string)", c, want);
+        return;
+    }
+    const std::string type = t ? t->value->str : "default";  // transformers' type when none is given
+    if (type != (c.rope_scaling.enabled ? "llama3" : "default")) {
+        bad += config_line(r.name("rope_type"), t ? json_str(*t->value) : "none", c, want);
+        return;
+    }
+    if (!c.rope_scaling.enabled) return;
+    const RopeScaling& s = c.rope_scaling;
+    check_rope_num(r, "factor", s.factor, c, bad);
+    check_rope_num(r, "low_freq_factor", s.low_freq_factor, c, bad);
+    check_rope_num(r, "high_freq_factor", s.high_freq_factor, c, bad);
+    check_rope_num(r, "original_max_position_embeddings", s.original_max_pos, c, bad);
+}
+
+}  // namespace
 
 void check_hf_config(const LlamaConfig& c, const std::string& text, const std::string& path) {
     Json j = parse_json(text, path);
     std::string bad;
     auto num = [&](const char* key, double want) {
         const Json* v = j.get(key);
-        if (v && v->kind == Json::NUM && std::fabs(v->num - want) > 1e-9 * std::max(1.0, std::fabs(want)))
-            bad += std::string("  ") + key + ": checkpoint " + std::to_string(v->num) + ", --config " + c.name + " " +
-                   std::to_string(want) + "\n";
+        if (v && v->kind == Json::NUM && !close_to(v->num, want))
+            bad += config_line(key, num_str(v->num), c, num_str(want));
     };
     num("hidden_size", c.dim);
     num("intermediate_size", c.ffn_dim);
@@ -427,26 +565,10 @@ void check_hf_config(const LlamaConfig& c, const std::string& text, const std::s
     num("head_dim", c.head_dim);
     num("vocab_size", c.vocab);
     num("rms_norm_eps", c.norm_eps);
-    num("rope_theta", c.rope_theta);
     if (const Json* t = j.get("tie_word_embeddings"))
         if (t->kind == Json::BOOL && t->b != c.tied_embeddings)
-            bad += std::string("  tie_word_embeddings: checkpoint ") + (t->b ? "true" : "false") + "\n";
-    if (const Json* rs = j.get("rope_scaling")) {
-        if (rs->kind == Json::OBJ) {
-            if (!c.rope_scaling.enabled) bad += "  rope_scaling: the checkpoint has one, --config has none\n";
-            else {
-                const Json* f = rs->get("factor");
-                if (f && std::fabs(f->num - c.rope_scaling.factor) > 1e-9)
-                    bad += "  rope_scaling.factor: checkpoint " + std::to_string(f->num) + ", --config " +
-                           std::to_string(c.rope_scaling.factor) + "\n";
-                const Json* o = rs->get("original_max_position_embeddings");
-                if (o && std::fabs(o->num - c.rope_scaling.original_max_pos) > 0.5)
-                    bad += "  rope_scaling.original_max_position_embeddings: checkpoint " + std::to_string(o->num) + "\n";
-            }
-        } else if (c.rope_scaling.enabled) {
-            bad += "  rope_scaling: --config has llama3 scaling, the checkpoint none\n";
-        }
-    }
+            bad += config_line("tie_word_embeddings", json_str(*t), c, c.tied_embeddings ? "true" : "false");
+    check_hf_rope(j, c, bad);
     if (!bad.empty()) usage_error(path + " does not match --config " + c.name + " (with --layers):\n" + bad);
 }
 
@@ -595,7 +717,7 @@ void write_hf_checkpoint(const std::string& dir, const LlamaConfig& c, const Par
     if (lead) {
         f->commit();
         AtomicFile cfg(dir + "/config.json");
-        std::string js = hf_config_json(c);
+        std::string js = hf_config_json(c, bf16);
         cfg.write(js.data(), js.size());
         cfg.commit();
     }

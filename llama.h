@@ -572,8 +572,10 @@ void untied_attention_backward(Model& m, int l, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // Files (checkpoint.cu): Hugging Face checkpoints, token files, the training state.
-std::string hf_config_json(const LlamaConfig& c);
-// Usage error (exit 2) listing every field of a config.json that contradicts c.
+// The config.json of a save: c, and the dtype its weights were written in (bf16 or fp32).
+std::string hf_config_json(const LlamaConfig& c, bool bf16);
+// Usage error (exit 2) listing every field of a config.json that contradicts c, and every RoPE
+// setting that is missing or unreadable (top-level rope_theta + rope_scaling, or rope_parameters).
 void check_hf_config(const LlamaConfig& c, const std::string& config_json, const std::string& path);
 // This GPU's parameters from a HF checkpoint (a .safetensors file, or a directory with
 // model.safetensors or model.safetensors.index.json): every tensor's name and shape checked.

@@ -8,7 +8,8 @@ For a tied and an untied test model (GQA, llama3 RoPE scaling), from the reposit
   3. compute the same in PyTorch in float32: loss, gradients, one AdamW step with the same
      hyperparameters (decay on matrices, global-norm clipping), and compare;
   4. round trip: our --save-to of the untouched weights loads in transformers and gives the
-     original model's logits on a prompt (exactly in fp32; within bf16 rounding in bf16).
+     original model's logits on a prompt (exactly in fp32; within bf16 rounding in bf16), and
+     loaded with the dtype its config.json names ("auto") each save comes back in the dtype saved.
 Exits 0 when everything agrees, 1 otherwise; prints SKIPPED and exits 0 without a GPU, PyTorch
 or transformers.
 """
@@ -175,6 +176,11 @@ def main():
         ok &= e32 < 1e-6 and e16 < 1e-2
         rows.append(f"{name:12} our saved checkpoint in transformers: logits rel error fp32 {e32:.2e} (needs < 1e-6), "
                     f"bf16 {e16:.2e} (needs < 1e-2)")
+        auto = {d: next(LlamaForCausalLM.from_pretrained(f"{tmp}/{d}", torch_dtype="auto").parameters()).dtype
+                for d in ("rt32", "rt16")}
+        ok &= auto == {"rt32": torch.float32, "rt16": torch.bfloat16}
+        rows.append(f"{name:12} loaded with the dtype config.json names: fp32 save {auto['rt32']}, "
+                    f"bf16 save {auto['rt16']} (needs torch.float32, torch.bfloat16)")
     print("\n".join(rows))
     print("PASSED" if ok else "FAILED")
     return 0 if ok else 1

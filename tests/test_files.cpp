@@ -1,6 +1,7 @@
 // tests/test_files.cpp - Hugging Face checkpoints (round trips, FSDP shards, sharded index files,
-// corrupt and mismatched files), token files, and resuming a run (on a GPU): a resumed run,
-// also after a kill, computes exactly the losses of an uninterrupted one.
+// corrupt and mismatched files; config.json's dtype and its RoPE settings in either layout), token
+// files, and resuming a run (on a GPU): a resumed run, also after a kill, computes exactly the
+// losses of an uninterrupted one.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <regex>
 #include <sstream>
 
 #include "../llama.h"
@@ -136,7 +138,7 @@ TEST(HfCheckpoint, ShardedIndexIsRead) {
     std::string index = "{\"metadata\": {}, \"weight_map\": {\"model.embed_tokens.weight\": \"b.safetensors\", "
                         "\"model.norm.weight\": \"a.safetensors\"}}";
     std::ofstream(two + "/model.safetensors.index.json") << index;
-    std::ofstream(two + "/config.json") << hf_config_json(c);
+    std::ofstream(two + "/config.json") << hf_config_json(c, false);
     DryModel dm(c, false, 1, 0);
     EXPECT_EQ(read_hf_weights(dm.m, two), expected_local(dm.m, p, false));
 }
@@ -257,11 +259,257 @@ TEST(HfCheckpoint, CorruptAndMismatchedFilesAreUsageErrorsNamingTheProblem) {
         write_st(file, e);
         LlamaConfig other = c;
         other.dim = 256;
-        std::ofstream(dir + "/config.json") << hf_config_json(other);
+        std::ofstream(dir + "/config.json") << hf_config_json(other, false);
         std::string msg;
         EXPECT_EQ(fatal_code([&] { check_hf_checkpoint(dm.m, dir); }, &msg), EXIT_USAGE);
         EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// config.json: the dtype it names, and its RoPE settings wherever transformers keeps them.
+
+// Every string value of "key" in a JSON text, in order.
+std::vector<std::string> json_strings(const std::string& text, const std::string& key) {
+    std::vector<std::string> out;
+    std::regex re("\"" + key + "\"\\s*:\\s*\"([^\"]*)\"");
+    for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it) out.push_back((*it)[1]);
+    return out;
+}
+
+TEST(HfConfig, NamesTheDtypeTheWeightsWereSavedIn) {
+    std::mt19937_64 rng(fresh_seed());
+    LlamaConfig c = config_by_name("tiny-untied");
+    std::vector<float> p = random_params(param_layout(c), rng);
+    for (bool bf16 : {false, true}) {
+        SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+        std::string dir = tmpdir(bf16 ? "dtype16" : "dtype32");
+        write_checkpoint(dir, c, p, bf16);
+        std::string st = read_text_file(dir + "/model.safetensors");
+        uint64_t hlen;
+        memcpy(&hlen, st.data(), 8);
+        std::vector<std::string> tensors = json_strings(st.substr(8, hlen), "dtype");
+        ASSERT_EQ(tensors.size(), correct_entries(c).size());
+        const std::string want = bf16 ? "bfloat16" : "float32";
+        for (const std::string& d : tensors) EXPECT_EQ(d == "BF16" ? "bfloat16" : d == "F32" ? "float32" : d, want);
+        // transformers reads "dtype" (newer) or "torch_dtype" (older): each once, each the tensors' dtype.
+        std::string cfg = read_text_file(dir + "/config.json");
+        EXPECT_EQ(json_strings(cfg, "dtype"), std::vector<std::string>{want}) << cfg;
+        EXPECT_EQ(json_strings(cfg, "torch_dtype"), std::vector<std::string>{want}) << cfg;
+    }
+}
+
+// What --save-to writes passes the check, for every model, in either dtype, scaled or not.
+TEST(HfConfig, OurOwnConfigPassesTheCheck) {
+    std::vector<LlamaConfig> all = known_configs();
+    LlamaConfig unscaled = config_by_name("tiny");
+    unscaled.name = "tiny-unscaled";
+    unscaled.rope_scaling.enabled = false;
+    all.push_back(unscaled);
+    for (const LlamaConfig& c : all)
+        for (bool bf16 : {false, true}) {
+            std::string msg;
+            EXPECT_EQ(fatal_code([&] { check_hf_config(c, hf_config_json(c, bf16), "config.json"); }, &msg), -1)
+                << c.name << ": " << msg;
+        }
+}
+
+// RoPE settings, key -> JSON text, in order.
+using RopeKv = std::vector<std::pair<std::string, std::string>>;
+
+std::string jnum(double v) {
+    char b[32];
+    snprintf(b, sizeof b, "%.10g", v);
+    return b;
+}
+
+RopeKv good_rope(const LlamaConfig& c) {
+    const RopeScaling& s = c.rope_scaling;
+    return {{"rope_theta", jnum(c.rope_theta)},
+            {"rope_type", "\"llama3\""},
+            {"factor", jnum(s.factor)},
+            {"low_freq_factor", jnum(s.low_freq_factor)},
+            {"high_freq_factor", jnum(s.high_freq_factor)},
+            {"original_max_position_embeddings", jnum(s.original_max_pos)}};
+}
+
+RopeKv with(RopeKv kv, const std::string& key, const std::string& value) {  // value "" removes the key
+    for (size_t i = 0; i < kv.size(); i++)
+        if (kv[i].first == key) {
+            if (value.empty()) kv.erase(kv.begin() + i);
+            else kv[i].second = value;
+            return kv;
+        }
+    if (!value.empty()) kv.push_back({key, value});
+    return kv;
+}
+
+std::string json_object(const RopeKv& kv) {
+    std::string s = "{";
+    for (size_t i = 0; i < kv.size(); i++) s += (i ? ", \"" : "\"") + kv[i].first + "\": " + kv[i].second;
+    return s + "}";
+}
+
+// Meta's files and transformers v4: top-level rope_theta, the rest in rope_scaling.
+std::string old_style(const RopeKv& kv) {
+    RopeKv scaling = with(kv, "rope_theta", "");
+    std::string s = "\"rope_scaling\": " + (scaling.empty() ? std::string("null") : json_object(scaling));
+    for (auto& p : kv)
+        if (p.first == "rope_theta") s = "\"rope_theta\": " + p.second + ", " + s;
+    return s;
+}
+// transformers v5: everything in rope_parameters.
+std::string new_style(const RopeKv& kv) { return "\"rope_parameters\": " + json_object(kv); }
+
+// A config.json for c with the given RoPE part.
+std::string config_with(const LlamaConfig& c, const std::string& rope) {
+    return "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": " +
+           std::to_string(c.dim) + ", \"intermediate_size\": " + std::to_string(c.ffn_dim) +
+           ", \"num_hidden_layers\": " + std::to_string(c.n_layers) + ", \"num_attention_heads\": " +
+           std::to_string(c.n_heads) + ", \"num_key_value_heads\": " + std::to_string(c.n_kv_heads) +
+           ", \"head_dim\": " + std::to_string(c.head_dim) + ", \"vocab_size\": " + std::to_string(c.vocab) +
+           ", \"rms_norm_eps\": 1e-05, \"tie_word_embeddings\": " + (c.tied_embeddings ? "true" : "false") +
+           ", \"max_position_embeddings\": 131072, " + rope + "}";
+}
+
+// The check's exit code for a config.json text; its message in *msg.
+int check_code(const LlamaConfig& c, const std::string& text, std::string* msg) {
+    msg->clear();
+    return fatal_code([&] { check_hf_config(c, text, "config.json"); }, msg);
+}
+
+// The check refuses text with exit code 2 and a message holding every needle.
+void expect_refused(const LlamaConfig& c, const std::string& text, const std::vector<std::string>& needles) {
+    std::string msg;
+    EXPECT_EQ(check_code(c, text, &msg), EXIT_USAGE) << text;
+    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' in: " << msg;
+}
+
+// Meta's Llama 3.2 3B config.json (the transformers v4 layout), and the same model in the layout
+// transformers v5 writes: RoPE in rope_parameters with rope_theta inside, "dtype" for "torch_dtype".
+const char* kLlama32v4 = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+  "num_attention_heads": 24, "num_hidden_layers": 28, "num_key_value_heads": 8, "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})";
+const char* kLlama32v5 = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "dtype": "bfloat16", "eos_token_id": 128001, "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+  "num_attention_heads": 24, "num_hidden_layers": 28, "num_key_value_heads": 8, "pad_token_id": null,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_parameters": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                      "original_max_position_embeddings": 8192, "rope_theta": 500000.0, "rope_type": "llama3"},
+  "tie_word_embeddings": true, "transformers_version": "5.0.0", "use_cache": true, "vocab_size": 128256})";
+
+TEST(HfConfig, RealFilesOfBothGenerationsPass) {
+    LlamaConfig c = config_by_name("llama3.2-3b");
+    std::string msg;
+    EXPECT_EQ(check_code(c, kLlama32v4, &msg), -1) << msg;
+    EXPECT_EQ(check_code(c, kLlama32v5, &msg), -1) << msg;
+    // A Llama 3.1 factor (8) against 3.2's 32 is caught in either layout.
+    std::string v4 = kLlama32v4, v5 = kLlama32v5;
+    v4.replace(v4.find("\"factor\": 32.0"), 14, "\"factor\": 8.0");
+    v5.replace(v5.find("\"factor\": 32.0"), 14, "\"factor\": 8.0");
+    expect_refused(c, v4, {"rope_scaling.factor", "checkpoint 8,", "32"});
+    expect_refused(c, v5, {"rope_parameters.factor", "checkpoint 8,", "32"});
+}
+
+TEST(HfConfig, EveryRopeSettingIsCheckedInEitherPlace) {
+    const LlamaConfig c = config_by_name("tiny");  // theta 500000, llama3: factor 8, 1, 4, 64
+    const RopeKv good = good_rope(c);
+    std::string msg;
+    EXPECT_EQ(check_code(c, config_with(c, old_style(good)), &msg), -1) << msg;
+    EXPECT_EQ(check_code(c, config_with(c, new_style(good)), &msg), -1) << msg;
+    // both places, agreeing
+    EXPECT_EQ(check_code(c, config_with(c, old_style(good) + ", " + new_style(good)), &msg), -1) << msg;
+    {  // transformers' older spelling of the rope type
+        RopeKv typed = with(with(good, "rope_type", ""), "type", "\"llama3\"");
+        EXPECT_EQ(check_code(c, config_with(c, old_style(typed)), &msg), -1) << msg;
+    }
+    struct Wrong {
+        std::string key, value, shown;
+    };
+    const std::vector<Wrong> wrongs = {{"rope_theta", "10000.0", "10000"},
+                                       {"rope_type", "\"linear\"", "\"linear\""},
+                                       {"rope_type", "\"default\"", "\"default\""},
+                                       {"factor", "32.0", "32"},
+                                       {"low_freq_factor", "2.0", "2"},
+                                       {"high_freq_factor", "8.0", "8"},
+                                       {"original_max_position_embeddings", "8192", "8192"}};
+    for (bool v5 : {false, true}) {
+        SCOPED_TRACE(v5 ? "rope_parameters" : "rope_theta + rope_scaling");
+        auto place = [&](const std::string& key) {
+            if (v5) return "rope_parameters." + key;
+            return key == "rope_theta" ? key : "rope_scaling." + key;
+        };
+        auto style = [&](const RopeKv& kv) { return config_with(c, v5 ? new_style(kv) : old_style(kv)); };
+        for (const Wrong& w : wrongs) {
+            SCOPED_TRACE(w.key + " " + w.value);
+            expect_refused(c, style(with(good, w.key, w.value)), {place(w.key) + ": checkpoint " + w.shown + ","});
+        }
+        for (const auto& kv : good) {  // each setting missing
+            SCOPED_TRACE("no " + kv.first);
+            const std::string got = kv.first == "rope_type" ? "none" : "missing";
+            expect_refused(c, style(with(good, kv.first, "")), {place(kv.first) + ": checkpoint " + got});
+        }
+        for (const auto& kv : good) {  // each setting of the wrong JSON type
+            SCOPED_TRACE(kv.first + " as an array");
+            expect_refused(c, style(with(good, kv.first, "[1]")), {place(kv.first) + ": checkpoint an array"});
+        }
+        expect_refused(c, style(with(good, "factor", "\"8\"")), {place("factor"), "\"8\" (not a number)"});
+        expect_refused(c, style(with(good, "rope_type", "3")), {place("rope_type"), "3 (not a string)"});
+    }
+}
+
+TEST(HfConfig, UnreadableRopeIsRefused) {
+    const LlamaConfig c = config_by_name("tiny");
+    const RopeKv good = good_rope(c);
+    // rope_scaling or rope_parameters that is not an object
+    expect_refused(c, config_with(c, "\"rope_theta\": 500000, \"rope_scaling\": \"llama3\""),
+                   {"rope_scaling: checkpoint \"llama3\" (not an object)"});
+    expect_refused(c, config_with(c, "\"rope_theta\": 500000, \"rope_scaling\": 8"),
+                   {"rope_scaling: checkpoint 8 (not an object)"});
+    expect_refused(c, config_with(c, "\"rope_parameters\": [500000]"),
+                   {"rope_parameters: checkpoint an array (not an object)"});
+    expect_refused(c, config_with(c, old_style(good) + ", \"rope_parameters\": true"),
+                   {"rope_parameters: checkpoint true (not an object)"});
+    // no RoPE at all: theta missing, and no scaling where the model has one
+    expect_refused(c, config_with(c, "\"use_cache\": true"),
+                   {"rope_theta: checkpoint missing", "rope_scaling.rope_type: checkpoint none"});
+    // both places present and disagreeing, on each setting
+    for (const auto& kv : good) {
+        SCOPED_TRACE(kv.first);
+        const std::string other = kv.first == "rope_type" ? "\"linear\"" : "7";
+        const std::string text = config_with(c, old_style(good) + ", " + new_style(with(good, kv.first, other)));
+        const std::string old_name = kv.first == "rope_theta" ? kv.first : "rope_scaling." + kv.first;
+        expect_refused(c, text, {old_name + " is " + kv.second,
+                                  "rope_parameters." + kv.first + " is " + other, "disagree"});
+    }
+}
+
+TEST(HfConfig, AModelWithoutScalingTakesNoneOrDefault) {
+    LlamaConfig c = config_by_name("tiny");
+    c.rope_scaling.enabled = false;
+    const std::string theta = jnum(c.rope_theta);
+    std::string msg;
+    EXPECT_EQ(check_code(c, config_with(c, "\"rope_theta\": " + theta + ", \"rope_scaling\": null"), &msg), -1) << msg;
+    EXPECT_EQ(check_code(c, config_with(c, "\"rope_theta\": " + theta), &msg), -1) << msg;
+    EXPECT_EQ(check_code(c, config_with(c, new_style({{"rope_theta", theta}, {"rope_type", "\"default\""}})), &msg), -1)
+        << msg;
+    EXPECT_EQ(check_code(c, config_with(c, new_style({{"rope_theta", theta}})), &msg), -1) << msg;
+    expect_refused(c, config_with(c, old_style(good_rope(c))),
+                   {"rope_scaling.rope_type: checkpoint \"llama3\"", "none or \"default\""});
+    expect_refused(c, config_with(c, new_style(good_rope(c))), {"rope_parameters.rope_type: checkpoint \"llama3\""});
+    expect_refused(c, config_with(c, new_style({{"rope_theta", "10000"}})),
+                   {"rope_parameters.rope_theta: checkpoint 10000,"});
 }
 
 // ---------------------------------------------------------------------------------------------
