@@ -1,9 +1,13 @@
 # Makefile - `make` builds, `make test` builds and runs every test, `make run` trains.
 #
-#   make                 build ./train and the test binaries (Hopper: sm_90a)
+#   make                 build ./train, the test binaries and the benches (Hopper: sm_90a)
 #   make test            run every test suite; GPU tests skip without a GPU; ends with
 #                        "N passed, N failed, N skipped"
 #   make run             train the default model on the visible GPU (RUN_ARGS to change it)
+#   make ladder          the talk's memory ladder, measured (on 8 GPUs, or one emulating rank 0 of 8)
+#   make long            the full stack trained at 3M and 5M tokens on the talk's node
+#   make bench           the attention kernels, timed, beside PyTorch where it is installed
+#   make notebooks       the figures of results/figures/ from results/
 #   make GPU_ARCH='-gencode=arch=compute_80,code=sm_80'   build for another architecture
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -14,50 +18,56 @@ CXXFLAGS  ?= -O2 -std=c++17 -Wall -I$(CUDA_HOME)/include
 LDLIBS    := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lnccl -lpthread
 GTEST     := -lgtest -lpthread
 
+# The compiler flags in use, kept in build/flags and rewritten only when they change: every
+# object depends on it, so a build with another GPU_ARCH (or other flags) rebuilds everything.
+BUILD_FLAGS := $(NVCC) $(NVFLAGS) / $(CXX) $(CXXFLAGS)
+$(shell mkdir -p build/tests build/bench && (echo '$(BUILD_FLAGS)' | cmp -s - build/flags || echo '$(BUILD_FLAGS)' > build/flags))
+
 RUN_ARGS  ?= --config llama3.2-3b --seq-len 8K --steps 30 --lr 3e-4 --task copy
 
 HEADERS   := common.h llama.h train.h attention_ptx.cuh
 LIB_OBJS  := build/llama.o build/attention.o build/attention_hopper.o build/checkpointing.o build/chunked.o build/offload.o build/fsdp.o \
-             build/ulysses.o build/untied.o build/comm.o build/checkpoint.o
+             build/ulysses.o build/untied.o build/comm.o build/files.o
 TEST_BINS := build/tests/test_reference build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \
              build/tests/test_files build/tests/test_hf
 TEST_COMMON := build/tests/test_main.o build/tests/reference.o
+APP_OBJS  := build/launch.o build/ladder.o
 
 all: train $(TEST_BINS) build/bench_attention build/bench_attention_hopper build/schedule_sim
 
-build/%.o: %.cu $(HEADERS) | build
+build/%.o: %.cu $(HEADERS) build/flags | build
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-build/train.o: train.cpp $(HEADERS) | build
+build/%.o: %.cpp $(HEADERS) build/flags | build
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-build/train_lib.o: train.cpp $(HEADERS) | build
+build/train_lib.o: train.cpp $(HEADERS) build/flags | build
 	$(CXX) $(CXXFLAGS) -DTRAIN_NO_MAIN -c $< -o $@
 
-train: build/train.o $(LIB_OBJS)
+train: build/train.o $(APP_OBJS) $(LIB_OBJS)
 	$(NVCC) $(GPU_ARCH) $^ -o $@ $(LDLIBS)
 
-build/tests/%.o: tests/%.cpp $(HEADERS) tests/reference.h tests/test_util.h | build
+build/tests/%.o: tests/%.cpp $(HEADERS) tests/reference.h tests/test_util.h build/flags | build
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-build/tests/%.o: tests/%.cu $(HEADERS) tests/reference.h tests/test_util.h tests/gpu_util.h | build
+build/tests/%.o: tests/%.cu $(HEADERS) tests/reference.h tests/test_util.h tests/gpu_util.h build/flags | build
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 build/tests/test_reference: build/tests/test_reference.o $(TEST_COMMON)
 	$(CXX) $^ -o $@ $(LDLIBS) $(GTEST)
 
-build/tests/test_%: build/tests/test_%.o build/train_lib.o $(LIB_OBJS) $(TEST_COMMON)
+build/tests/test_%: build/tests/test_%.o build/train_lib.o $(APP_OBJS) $(LIB_OBJS) $(TEST_COMMON)
 	$(NVCC) $(GPU_ARCH) $^ -o $@ $(LDLIBS) $(GTEST)
 
-build/bench_%: build/bench/%.o build/train_lib.o $(LIB_OBJS)
+build/bench_%: build/bench/%.o build/train_lib.o $(APP_OBJS) $(LIB_OBJS)
 	$(NVCC) $(GPU_ARCH) $^ -o $@ $(LDLIBS)
 
-build/bench/%.o: bench/%.cu $(HEADERS) | build
+build/bench/%.o: bench/%.cu $(HEADERS) build/flags | build
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 # A model of the dK/dV kernel's block schedule (CPU only; see its header).
-build/schedule_sim: bench/schedule_sim.cpp | build
+build/schedule_sim: bench/schedule_sim.cpp build/flags | build
 	$(CXX) $(CXXFLAGS) $< -o $@
 
 build:
@@ -69,20 +79,48 @@ test: all
 run: train
 	./train $(RUN_ARGS)
 
-# The memory ladder of the talk on one GPU emulating rank 0 of eight 80 GB GPUs: every stage
-# of both models at 3M and 5M tokens is planned at full depth and allocated (--steps 0: the
-# static plan's peak is reached at allocation); at 3M each stage's longest context is allocated
-# too, and 1K more tried (refused where 1K costs more than the plan's runtime margin). JSON under
-# results/, with the commit (TRAIN_COMMIT; git's HEAD here, "-dirty" when the tree has changes).
-# LADDER_ARGS adds steps where the GPU time is there (--steps 1 --measure-layers 1).
-LADDER_ARGS ?= --sim-world 8 --mem-cap-gib 80 --steps 0 --task random
+# The talk's node: eight GPUs of 80 GB. With eight GPUs visible (CUDA_VISIBLE_DEVICES, else
+# nvidia-smi), a run uses them, one process each (--nproc 8); with fewer, one GPU runs rank 0's
+# exact share of the eight-GPU run (--sim-world 8), capped at 80 GiB like an H100.
+VISIBLE_GPUS := $(shell if [ -n "$$CUDA_VISIBLE_DEVICES" ]; then echo "$$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .; \
+                  else nvidia-smi -L 2>/dev/null | grep -c '^GPU'; fi)
+NODE_GPUS ?= $(if $(filter-out 0 1 2 3 4 5 6 7,$(VISIBLE_GPUS)),--nproc 8,--sim-world 8)
+
+# The memory ladder: every stage of both models at 3M and 5M tokens, planned at full depth and
+# allocated on the node (--steps 0: the static plan's peak is reached at allocation); at 3M each
+# stage's longest context is allocated too, and 1K more tried. JSON under LADDER_OUT (results/),
+# with the commit (TRAIN_COMMIT; git's HEAD here, "-dirty" when the tree has changes).
+# LADDER_ARGS adds steps where the GPU time is there (--steps 1 --measure-layers 1). A reduced
+# run of the multi-process path on two GPUs: make ladder NODE_GPUS='--nproc 2' LADDER_SEQS=256K
+# LADDER_CONFIGS=llama3.2-3b LADDER_OUT=/tmp/ladder.
+LADDER_ARGS ?= --mem-cap-gib 80 --steps 0 --task random
 LADDER_CONFIGS ?= llama3.2-3b llama3.1-8b
+LADDER_SEQS ?= 3M 5M
+LADDER_OUT ?= results
 ladder: train
-	@export TRAIN_COMMIT=$${TRAIN_COMMIT:-$$(git rev-parse HEAD 2>/dev/null || echo unknown)$$(git diff --quiet HEAD 2>/dev/null || echo -dirty)}; \
-	for cfg in $(LADDER_CONFIGS); do for seq in 3M 5M; do \
-	  confirm=$$([ $$seq = 3M ] && echo --confirm-longest); \
-	  ./train --ladder --config $$cfg --seq-len $$seq $(LADDER_ARGS) $$confirm --log results/ladder_$${cfg}_$${seq}.jsonl || exit 1; \
+	@mkdir -p $(LADDER_OUT); \
+	export TRAIN_COMMIT=$${TRAIN_COMMIT:-$$(git rev-parse HEAD 2>/dev/null || echo unknown)$$(git diff --quiet HEAD 2>/dev/null || echo -dirty)}; \
+	for cfg in $(LADDER_CONFIGS); do for seq in $(LADDER_SEQS); do \
+	  confirm=$$([ $$seq = $(firstword $(LADDER_SEQS)) ] && echo --confirm-longest); \
+	  ./train --ladder --config $$cfg --seq-len $$seq $(NODE_GPUS) $(LADDER_ARGS) $$confirm \
+	    --log $(LADDER_OUT)/ladder_$${cfg}_$${seq}.jsonl || exit 1; \
 	done; done
+
+# The full stack (--stage 6) trained on the node at 3M and then 5M tokens: Llama 3.1 8B at full
+# depth, LONG_STEPS steps each, one JSON log per length under LONG_OUT. A step takes tens of
+# minutes per GPU at these lengths (each GPU holds S/8 tokens of a sequence whose attention
+# grows as S^2). LONG_ARGS adds flags (e.g. --layers 2 for a quick look).
+LONG_CONFIG ?= llama3.1-8b
+LONG_SEQS ?= 3M 5M
+LONG_STEPS ?= 2
+LONG_ARGS ?=
+LONG_OUT ?= results
+long: train
+	@mkdir -p $(LONG_OUT); \
+	for seq in $(LONG_SEQS); do \
+	  ./train --stage 6 --config $(LONG_CONFIG) --seq-len $$seq --steps $(LONG_STEPS) $(NODE_GPUS) --mem-cap-gib 80 \
+	    --task random $(LONG_ARGS) --log $(LONG_OUT)/long_$(LONG_CONFIG)_$$seq.jsonl || exit 1; \
+	done
 
 # The attention kernels the model uses, each shape checked against attention.cu's first, then
 # PyTorch's SDPA on the same shapes. BENCH_SEQS=...,1M adds a million tokens (the reference
@@ -100,7 +138,7 @@ bench: build/bench_attention
 clean:
 	rm -rf build train
 
-.PHONY: all test run bench ladder clean
+.PHONY: all test run bench ladder long clean
 .SECONDARY:
 
 # The figures: every notebook in notebooks/ runs headless over the committed results (a copy with

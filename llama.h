@@ -571,7 +571,7 @@ void untied_attention_forward(Model& m, int l, cudaStream_t s);
 void untied_attention_backward(Model& m, int l, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
-// Files (checkpoint.cu): Hugging Face checkpoints, token files, the training state.
+// Files (files.cu): Hugging Face checkpoints, token files, the training state.
 // The config.json of a save: c, and the dtype its weights were written in (bf16 or fp32).
 std::string hf_config_json(const LlamaConfig& c, bool bf16);
 // Usage error (exit 2) listing every field of a config.json that contradicts c, and every RoPE

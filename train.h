@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct Options {
     std::string dump_path;      // --dump: the first step's loss and every gradient
     int nproc = 1;              // --nproc: processes (GPUs) to start
     int sim_world = 0;          // --sim-world: emulate rank 0 of this many GPUs
+    bool gpus_given = false;    // --nproc or --sim-world was given (else --ladder takes the talk's 8)
     double comm_timeout_s = 600;
     int stage = -1;             // --stage N
     bool ladder = false;        // --ladder: the memory ladder, stage by stage
@@ -39,9 +41,9 @@ struct Options {
     std::string save_to;        // --save-to: write a Hugging Face checkpoint at the end
     std::string save_dtype = "bf16";
     std::string data_path;      // --data: a token file (else synthetic data)
-    std::string checkpoint_dir; // --checkpoint-dir: training state, every --checkpoint-every steps
-    int checkpoint_every = 0;
-    bool resume = false;        // --resume: continue from the latest state in --checkpoint-dir
+    std::string state_dir;      // --state-dir: training state, every --state-every steps
+    int state_every = 0;
+    bool resume = false;        // --resume: continue from the latest state in --state-dir
     bool plan = false;
     bool help = false;
     std::string log_path;
@@ -58,9 +60,18 @@ std::vector<std::string> split_commas(const std::string& list);
 // The config after --layers, validated against what the kernels support.
 LlamaConfig resolve_config(const Options& o);
 std::string usage_text();
-// One /bin/sh word holding s exactly (the ladder's child runs); a JSON number, null if not finite.
+// One /bin/sh word holding s exactly (the ladder's child runs); a JSON number, null if not finite;
+// a JSON string's inside; the command line as typed, for logs.
 std::string shell_quote(const std::string& s);
 std::string json_number(double v, const char* fmt);
+std::string json_escape(const std::string& s);
+std::string command_line(const Options& o);
+// Every output path of the run (--log, --dump, --timeline, --mem-trace, --save-to; rank 0's)
+// and --state-dir (every rank's) is checked before any work: a usage error (exit 2) names
+// the one that cannot be written. open_output opens one for writing (nullptr for no path).
+void check_output_paths(const Options& o, bool lead);
+FILE* open_output(const std::string& path, const char* flag);
+extern const char* FUSED_NEEDS_FAST_KERNELS;
 
 // Synthetic data (no download). copy: each sequence is h random tokens followed by the same h
 // tokens again; only targets that can be predicted by looking back are scored (the rest are -1).
@@ -73,6 +84,7 @@ struct SyntheticData {
     int vocab;
     uint64_t state;
     const TokenFile* file = nullptr;
+    std::vector<uint64_t> offsets;  // with a file: where the last call's windows start
     SyntheticData(const std::string& task_, int vocab_, uint64_t seed) : task(task_), vocab(vocab_), state(seed) {}
     // Fill tokens and targets for `batch` sequences of `seq` tokens.
     void next(int32_t* tokens, int32_t* targets, int batch, int64_t seq);
@@ -91,12 +103,14 @@ MemoryPlan plan_memory(const LlamaConfig& cfg, const Options& o, int64_t seq_len
 int64_t longest_context(const LlamaConfig& cfg, const Options& o, double cap_gib, double runtime_gib,
                         int64_t granularity = 1024);
 
-// The ladder of DESIGN.md: stage k turns on the techniques of stages 1..k.
+// GPUs of the run: --nproc or --sim-world (1 without either).
+int gpu_count(const Options& o);
+
+// The ladder (ladder.cpp): stage k turns on the techniques of stages 1..k.
 void apply_stage(StepOptions& s, int stage);
 struct LadderRow {
     int stage;
     std::string flags;
-    bool available = true;          // false: not in this build
     std::string refused;            // why the stage cannot run this shape (e.g. Ulysses divisibility)
     double gib[MEM_NUM_CATEGORIES] = {};
     double runtime_gib = 0, total_gib = 0, host_gib = 0;
@@ -106,6 +120,22 @@ struct LadderRow {
 // Planned memory per GPU of stages 0..6 for o's config, --seq-len, GPUs (--nproc/--sim-world)
 // and cap (--mem-cap-gib, default 80).
 std::vector<LadderRow> ladder_plan(const Options& o);
+// --ladder: the planned table (--plan) or every stage measured; on the talk's node by default.
+int ladder_main(const Options& o);
+
+// How this process was started (launch.cpp): alone, by ./train --nproc N, or by mpirun/srun.
+struct Launch {
+    int rank = 0, world = 1, local_rank = 0;
+    int listen_fd = -1;  // rank 0 under ./train --nproc: the rendezvous socket, already listening
+    std::string master_addr = "127.0.0.1";
+    int master_port = 29500;
+};
+Launch launch_from_env();
+// ./train --nproc N: N processes of this program, one per GPU; the first failing rank's exit code.
+int launch_local(int n, char** argv);
+int visible_gpus();  // 0 without a usable GPU
+// Why there is no GPU here, in one line, then `what` (a runtime failure, exit code 1).
+[[noreturn]] void no_gpu_error(const std::string& what);
 
 // Learning rate at 0-based step: linear warmup to lr, then cosine to lr * min_lr_ratio.
 double lr_at(const Options& o, int step);

@@ -2,6 +2,7 @@
 // rate schedule, the synthetic data, the memory plan's formulas, and the binary's exit codes.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -403,10 +404,84 @@ TEST(Binary, LadderPlanNeedsNoGpu) {
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("OOM, needs"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("fits"), std::string::npos) << r.output;
-    if (!gpu_available()) {  // the measured ladder needs one
+    if (!gpu_available()) {  // the measured ladder needs one, and says so in one line
         Result m = run_train("--ladder --config tiny");
         EXPECT_EQ(m.code, 1) << m.output;
-        EXPECT_NE(m.output.find("needs a GPU"), std::string::npos) << m.output;
+        EXPECT_NE(m.output.find("no CUDA GPU"), std::string::npos) << m.output;
+        EXPECT_EQ(std::count(m.output.begin(), m.output.end(), '\n'), 1) << m.output;
+    }
+}
+
+// What a newcomer runs into. Every output path is checked before any work, the ladder refuses
+// the flags it sets itself and plans the talk's node unless told otherwise, and an
+// out-of-memory's hint names only what would help this run.
+TEST(Binary, UnwritableOutputsAreRefusedBeforeAnyWork) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    for (const char* flags : {"--ladder --plan --log /nonexistent/ladder.jsonl",
+                              "--plan --config tiny --log /nonexistent/run.jsonl",
+                              "--config tiny --steps 1 --dump /nonexistent/dump.bin",
+                              "--config tiny --steps 1 --offload --timeline /nonexistent/t.json",
+                              "--config tiny --steps 1 --mem-trace /nonexistent/m.jsonl",
+                              "--config tiny --steps 1 --save-to /nonexistent/out",
+                              "--config tiny --steps 1 --state-dir /nonexistent/state"}) {
+        Result r = run_train(flags);
+        EXPECT_EQ(r.code, 2) << flags << "\n" << r.output;
+        EXPECT_NE(r.output.find("'/nonexistent' does not exist"), std::string::npos) << flags << "\n" << r.output;
+    }
+    Result folder = run_train("--config tiny --steps 1 --log tests");
+    EXPECT_EQ(folder.code, 2) << folder.output;
+    EXPECT_NE(folder.output.find("is a folder"), std::string::npos) << folder.output;
+    Result file = run_train("--config tiny --steps 1 --save-to Makefile");
+    EXPECT_EQ(file.code, 2) << file.output;
+    EXPECT_NE(file.output.find("is not a folder"), std::string::npos) << file.output;
+}
+
+TEST(Ladder, RefusesTheFlagsItSetsItself) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    for (const char* flags : {"--stage 3", "--fsdp", "--ulysses", "--ckpt", "--ckpt=selective", "--offload",
+                              "--chunked", "--untied=2"}) {
+        Result r = run_train(std::string("--ladder --plan --config tiny ") + flags);
+        EXPECT_EQ(r.code, 2) << flags << "\n" << r.output;
+        EXPECT_NE(r.output.find("--ladder runs every stage itself"), std::string::npos) << r.output;
+    }
+}
+
+TEST(Ladder, PlansTheTalksNodeUnlessToldOtherwise) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    Result r = run_train("--ladder --plan --config llama3.1-8b --seq-len 3M");
+    ASSERT_EQ(r.code, 0) << r.output;
+    const std::string first = r.output.substr(0, r.output.find('\n'));
+    EXPECT_NE(first.find("8 GPUs (the talk's node"), std::string::npos) << first;
+    EXPECT_NE(r.output.find("\n6     --untied"), std::string::npos) << r.output;
+    EXPECT_EQ(parse({"--config", "tiny", "--ladder", "--plan"}).gpus_given, false);
+    Result one = run_train("--ladder --plan --config tiny --seq-len 4K --sim-world 1");
+    ASSERT_EQ(one.code, 0) << one.output;
+    EXPECT_NE(one.output.find(", 1 GPU, cap"), std::string::npos) << one.output;
+    // The planned rows are the same as with the node given explicitly.
+    Result eight = run_train("--ladder --plan --config llama3.1-8b --seq-len 3M --nproc 8");
+    EXPECT_EQ(r.output.substr(r.output.find("\nstage")), eight.output.substr(eight.output.find("\nstage")));
+}
+
+TEST(Binary, OutOfMemoryHintNamesWhatHelps) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    Result one = run_train("--plan --config llama3.1-8b --seq-len 64K --mem-cap-gib 80");
+    EXPECT_NE(one.output.find("(next: add --ckpt,"), std::string::npos) << one.output;  // no --fsdp on one GPU
+    Result eight = run_train("--plan --config llama3.1-8b --seq-len 3M --sim-world 8 --mem-cap-gib 80");
+    EXPECT_NE(eight.output.find("(next: add --fsdp,"), std::string::npos) << eight.output;
+}
+
+TEST(Binary, NoGpuIsSaidOnceInOneLine) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    if (gpu_available()) GTEST_SKIP() << "this machine has a GPU";
+    for (const char* flags : {"--config tiny --steps 1", "--nproc 2 --config tiny --steps 1"}) {
+        Result r = run_train(flags);
+        EXPECT_EQ(r.code, 1) << r.output;
+        EXPECT_EQ(r.output.find("insufficient"), std::string::npos) << r.output;
+        const size_t at = r.output.find("error: no CUDA GPU");
+        ASSERT_NE(at, std::string::npos) << r.output;
+        EXPECT_EQ(r.output.find("no CUDA GPU", at + 18), std::string::npos) << flags << "\n" << r.output;  // once
+        const std::string line = r.output.substr(at, r.output.find('\n', at) - at);  // and whole in one line
+        EXPECT_NE(line.find("--plan"), std::string::npos) << flags << "\n" << r.output;
     }
 }
 

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -548,6 +549,8 @@ TEST(TokenFiles, WindowsComeFromTheFile) {
     d.file = &tf;
     std::vector<int32_t> x(2 * 50), y(2 * 50);
     d.next(x.data(), y.data(), 2, 50);
+    ASSERT_EQ(d.offsets.size(), 2u);  // where each window starts (the step log's "windows")
+    for (int b = 0; b < 2; b++) EXPECT_EQ((uint32_t)x[b * 50], toks[d.offsets[b]]);
     for (int b = 0; b < 2; b++)
         for (int i = 0; i < 49; i++) {
             EXPECT_EQ(y[b * 50 + i], x[b * 50 + i + 1]);             // targets are the next tokens
@@ -576,6 +579,38 @@ TEST(Binary, BadInputFilesExitWithTwo) {
     Result d = sh("./train --config tiny --seq-len 64 --data " + dir + "/few.bin");
     EXPECT_EQ(d.code, 2) << d.output;
     EXPECT_NE(d.output.find("needs 65"), std::string::npos) << d.output;
+    // One window of --seq-len + 1 tokens cannot fill a step of two sequences but with copies.
+    write_token_file(dir + "/one.bin", std::vector<uint32_t>(65, 7));
+    Result e = sh("./train --config tiny --seq-len 64 --batch 2 --data " + dir + "/one.bin");
+    EXPECT_EQ(e.code, 2) << e.output;
+    EXPECT_NE(e.output.find("1 distinct window"), std::string::npos) << e.output;
+    Result f = sh("./train --config tiny --seq-len 64 --batch 1 --steps 1 --data " + dir + "/one.bin");
+    EXPECT_NE(f.code, 2) << f.output;  // one window, one sequence: fine (exit 1 without a GPU)
+}
+
+// Each step's log line says where its sequences start in the token file.
+TEST(Binary, StepLogNamesTheDataWindows) {
+    REQUIRE_GPU();
+    if (!have_train()) GTEST_SKIP() << "./train not built";
+    std::string dir = tmpdir("windows");
+    std::vector<uint32_t> toks(4000);
+    for (size_t i = 0; i < toks.size(); i++) toks[i] = (uint32_t)(i * 7 % 500);
+    write_token_file(dir + "/t.bin", toks);
+    Result r = sh("./train --config tiny --seq-len 64 --batch 2 --steps 2 --data " + dir + "/t.bin --log " + dir +
+                  "/log.jsonl");
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::ifstream f(dir + "/log.jsonl");
+    std::string line;
+    int steps = 0;
+    while (std::getline(f, line)) {
+        if (line.find("\"type\": \"step\"") == std::string::npos) continue;
+        steps++;
+        size_t w = line.find("\"windows\": [");
+        ASSERT_NE(w, std::string::npos) << line;
+        const std::string list = line.substr(w + 13, line.find(']', w) - w - 13);
+        EXPECT_EQ(std::count(list.begin(), list.end(), ','), 1) << line;  // two windows
+    }
+    EXPECT_EQ(steps, 2);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -598,11 +633,11 @@ TEST(Resume, FromAnEarlierCheckpointReproducesTheLosses) {
     if (!have_train()) GTEST_SKIP() << "./train not built";
     std::string dir = tmpdir("resume");
     const std::string common = "./train --config tiny --seq-len 128 --steps 6 --lr 3e-3 --task copy --seed 5";
-    Result a = sh(common + " --checkpoint-dir " + dir + "/ck --checkpoint-every 2 --log " + dir + "/a.jsonl");
+    Result a = sh(common + " --state-dir " + dir + "/ck --state-every 2 --log " + dir + "/a.jsonl");
     ASSERT_EQ(a.code, 0) << a.output;
     // Kept: step-4 and step-6. Go back to step 4 and finish again.
     std::ofstream(dir + "/ck/latest") << "step-4";
-    Result b = sh(common + " --checkpoint-dir " + dir + "/ck --resume --log " + dir + "/b.jsonl");
+    Result b = sh(common + " --state-dir " + dir + "/ck --resume --log " + dir + "/b.jsonl");
     ASSERT_EQ(b.code, 0) << b.output;
     auto la = losses_by_step(dir + "/a.jsonl"), lb = losses_by_step(dir + "/b.jsonl");
     ASSERT_EQ(lb.size(), 2u) << b.output;
@@ -619,7 +654,7 @@ TEST(Resume, AfterAKillAtAnyMoment) {
     // Save every step, kill the run somewhere in the middle (perhaps mid-write).
     pid_t pid = fork();
     if (pid == 0) {
-        std::string cmd = "exec ./train " + args + " --checkpoint-dir " + dir + "/ck --checkpoint-every 1 > /dev/null 2>&1";
+        std::string cmd = "exec ./train " + args + " --state-dir " + dir + "/ck --state-every 1 > /dev/null 2>&1";
         execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
         _exit(127);
     }
@@ -627,7 +662,7 @@ TEST(Resume, AfterAKillAtAnyMoment) {
     usleep(700000);
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
-    Result r = sh("./train " + args + " --checkpoint-dir " + dir + "/ck --resume --log " + dir + "/r.jsonl");
+    Result r = sh("./train " + args + " --state-dir " + dir + "/ck --resume --log " + dir + "/r.jsonl");
     ASSERT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
     auto lr = losses_by_step(dir + "/r.jsonl"), lref = losses_by_step(dir + "/ref.jsonl");

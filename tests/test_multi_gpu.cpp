@@ -193,10 +193,10 @@ TEST(MultiGpu, ShardedStateResumes) {
     const std::string dir = tmp("ck"), a = tmp("a.jsonl"), b = tmp("b.jsonl");
     sh("rm -rf " + dir);
     const std::string common = "./train --nproc 2 --fsdp --ulysses --config tiny --seq-len 256 --steps 6 --lr 3e-3 --seed 4";
-    Result r1 = sh(common + " --checkpoint-dir " + dir + " --checkpoint-every 2 --log " + a);
+    Result r1 = sh(common + " --state-dir " + dir + " --state-every 2 --log " + a);
     ASSERT_EQ(r1.code, 0) << r1.output;
     std::ofstream(dir + "/latest") << "step-4";
-    Result r2 = sh(common + " --checkpoint-dir " + dir + " --resume --log " + b);
+    Result r2 = sh(common + " --state-dir " + dir + " --resume --log " + b);
     ASSERT_EQ(r2.code, 0) << r2.output;
     std::vector<double> la = json_numbers(a, "loss"), lb = json_numbers(b, "loss");
     ASSERT_EQ(la.size(), 6u);

@@ -1,4 +1,4 @@
-// checkpoint.cu - files: Hugging Face checkpoints (safetensors + config.json), token files, and
+// files.cu - the files of a run: Hugging Face checkpoints (safetensors + config.json), token files, and
 // the whole training state for save and resume.
 //
 // Hugging Face. LlamaForCausalLM names its tensors model.embed_tokens.weight,
@@ -14,11 +14,11 @@
 // Token files: a documented flat format (see README): 8-byte magic "LLTOKENS", uint32 version 1,
 // uint32 bytes per token (4), uint64 count, then count little-endian uint32 tokens.
 //
-// Training state (--checkpoint-dir, --resume): per GPU its fp32 master weights, AdamW moments
+// Training state (--state-dir, --resume): per GPU its fp32 master weights, AdamW moments
 // (its shards under --fsdp), the step and the data sampler's state, in DIR/step-N/rank-R.state;
 // then DIR/latest names step-N. Every file is written as a temporary, fsynced and renamed, and
 // latest moves only after every rank's file is in place: a kill at any moment leaves the last
-// good checkpoint loadable. The bf16 weights are derived from the master copy on load, so a
+// good state loadable. The bf16 weights are derived from the master copy on load, so a
 // resumed run computes exactly what the uninterrupted one would.
 #include <dirent.h>
 #include <fcntl.h>
@@ -802,7 +802,7 @@ void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t d
         std::string name = "step-" + std::to_string(step);
         latest.write(name.data(), name.size());
         latest.commit();
-        // Keep this checkpoint and the one before; older ones go.
+        // Keep this state and the one before; older ones go.
         if (DIR* d = opendir(dir.c_str())) {
             while (dirent* e = readdir(d)) {
                 std::string n = e->d_name;
