@@ -101,7 +101,7 @@ ladder: train
 	@mkdir -p $(LADDER_OUT); \
 	export TRAIN_COMMIT=$${TRAIN_COMMIT:-$$(git rev-parse HEAD 2>/dev/null || echo unknown)$$(git diff --quiet HEAD 2>/dev/null || echo -dirty)}; \
 	for cfg in $(LADDER_CONFIGS); do for seq in $(LADDER_SEQS); do \
-	  confirm=$$([ $$seq = $(firstword $(LADDER_SEQS)) ] && echo --confirm-longest); \
+	  confirm=$$([ $$seq = 3M ] && echo --confirm-longest); \
 	  ./train --ladder --config $$cfg --seq-len $$seq $(NODE_GPUS) $(LADDER_ARGS) $$confirm \
 	    --log $(LADDER_OUT)/ladder_$${cfg}_$${seq}.jsonl || exit 1; \
 	done; done

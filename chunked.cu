@@ -54,14 +54,14 @@
 
 #include "llama.h"
 
-int64_t chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T) {
-    if (!o.chunked) return T;
+// Tokens of a layer's chunk: --chunk-tokens, or the hidden size.
+static int64_t chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T) {
     int64_t k = o.chunk_tokens > 0 ? o.chunk_tokens : c.dim;
     return std::max<int64_t>(1, std::min(k, T));
 }
 
-int64_t loss_chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T) {
-    if (!o.chunked) return T;
+// Tokens of a chunk of the LM head and loss: --loss-chunk-tokens, or bf16 logits near 1 GiB.
+static int64_t loss_chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T) {
     int64_t k = o.loss_chunk_tokens;
     if (k <= 0) k = std::max<int64_t>(256, ((1LL << 30) / (2LL * c.vocab)) / 256 * 256);
     return std::max<int64_t>(1, std::min(k, T));

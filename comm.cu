@@ -15,7 +15,7 @@
 // Memory: NCCL's own buffers are part of the runtime's share of the device. They are allocated
 // at initialization (NCCL_RUNTIME_CONNECT=0 unless the user sets it: by default NCCL connects
 // lazily at a collective's first use, which would hide them from the measurement taken before
-// our first allocation). On two H200s they are about 2.1 GiB for our two communicators.
+// our first allocation; docs/results.md has their measured size).
 //
 // Two communicators run at once (FSDP's on its stream, Ulysses's on the compute stream): this
 // needs the GPU to run their kernels concurrently, so do not set CUDA_DEVICE_MAX_CONNECTIONS=1.

@@ -18,7 +18,7 @@
 #include <vector>
 
 // ---------------------------------------------------------------------------------------------
-// Exit codes (DESIGN.md): 0 ok, 1 runtime failure, 2 bad usage or input, 3 out of memory.
+// Exit codes (docs/design.md): 0 ok, 1 runtime failure, 2 bad usage or input, 3 out of memory.
 enum ExitCode { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_OOM = 3 };
 
 // Every fatal condition is thrown as a Fatal carrying its exit code; main() prints it once.
@@ -247,7 +247,7 @@ inline std::vector<double> rope_inv_freq(const LlamaConfig& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Memory categories of the tracked allocator (DESIGN.md "Memory: counted, capped, explained").
+// Memory categories of the tracked allocator (docs/design.md, "Memory").
 enum MemCategory { MEM_MODEL, MEM_ATTENTION, MEM_OTHER, MEM_COMM, MEM_WORKSPACE, MEM_NUM_CATEGORIES };
 
 inline const char* mem_category_name(int c) {

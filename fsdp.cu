@@ -12,8 +12,8 @@
 // padded to a multiple of N x 128 elements and cut into N equal shards; GPU r keeps only shard
 // r of every unit, with its master weights, gradient and moments. So model states per GPU are
 //
-//     18 bytes x parameters / N            (Llama 3.1 8B on 8 GPUs: 16.8 GiB, REFERENCE.md's
-//                                           15.0 GiB counts 16 bytes: no bf16 shard)
+//     18 bytes x parameters / N            (Llama 3.1 8B on 8 GPUs: 16.8 GiB; the paper's 15.0
+//                                           GiB, docs/reference.md, counts 16: no bf16 shard)
 //
 // plus communication buffers (category "comm"): two gathered units in bf16 (the one in use and
 // the next, prefetched) and two unit-sized fp32 gradient buffers, used in turn (one accumulates
@@ -27,6 +27,19 @@
 //
 // Cost: every step moves the parameters three times in bf16 (gather in forward, gather in
 // backward) plus the gradients once in fp32, all overlapped with compute.
+//
+// Where --fsdp changes the step:
+//   llama.cu declare_model_states   model states hold this GPU's shards (fsdp_local_params)
+//   fsdp_declare_buffers            two gathered-unit slots and two unit-gradient slots (comm)
+//   llama.cu model_forward_backward fsdp_acquire / fsdp_release around each use of a unit's
+//                                   weights; fsdp_grad_begin / fsdp_grad_end around each unit's
+//                                   backward (the reduce-scatter); fsdp_step_begin / _end
+//   llama.cu model_init_weights, model_optimizer_step
+//                                   each GPU initializes and updates its own shard
+//                                   (fsdp_segments); the gradient norm sums over the shards
+//   files.cu                        each GPU reads and writes only its shards
+// Without --fsdp the same calls run the replicated path: weights are views into the full copy
+// and fsdp_grad_end all-reduces a unit's gradient when more than one GPU trains.
 #include <algorithm>
 #include <memory>
 

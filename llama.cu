@@ -23,13 +23,17 @@
 //
 // Every per-token piece of a layer is written over a token range [t0, t1), and the layers walk
 // their tokens in chunks: one chunk of all T tokens in the plain step, chunks of C tokens under
-// --chunked (chunked.cu). What a layer keeps for its backward, and what it recomputes there,
-// follows from the flags (--ckpt, --offload: offload.cu); the table above model_declare_buffers
-// lists it. The plain step (ladder stage 0) keeps everything, per token and layer, in bytes:
-//   other:     2 (4 D + 3 F) + 8          (x_in, xn1, x_mid, xn2, h13, act; two rstd)
-//   attention: 2 (qkv_dim + Hq d) + 4 Hq  (qkv, att, lse)
-// plus logits 2 V per token, and 18 bytes per parameter for model states (fp32 master, grad,
-// two AdamW moments, bf16 compute copy).
+// --chunked (chunked.cu). The plain step keeps every activation for the backward; what each
+// memory technique changes is named once, where it acts:
+//
+//   model_declare_buffers   each technique's *_plan (what is kept, and where) and its buffers
+//   model_forward_backward  fsdp_* around each unit (fsdp.cu), offload_* around each layer
+//                           (offload.cu)
+//   layer_forward           untied_attention_forward (untied.cu) in place of the attention
+//                           sub-block; offload_save_attention
+//   layer_backward          recompute_attention (checkpointing.cu); untied_attention_backward
+//   self_attention_*        ulysses_attention_* (ulysses.cu) when the sequence is split
+//   qkv_backward, mlp_backward   recompute_attention_norm, recompute_mlp_inputs (checkpointing.cu)
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -962,7 +966,7 @@ static P at(P base, int64_t t0, int64_t width) {
 
 // Where layer l's projection writes q|k|v of this GPU's tokens: the layer's qkv, or under
 // Ulysses the staging its all-to-all sends from (ulysses.cu).
-bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? ulysses_qkv_of_tokens(m) : m.layers[l].qkv; }
+static bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? ulysses_qkv_of_tokens(m) : m.layers[l].qkv; }
 // Where the backward finds d q|k|v of this GPU's tokens.
 static bf16* dqkv_of_tokens(Model& m) { return m.ulysses ? ulysses_dqkv_of_tokens(m) : m.dqkv; }
 
@@ -1015,9 +1019,9 @@ static void self_attention_backward(Model& m, int l, cudaStream_t s) {
     if (m.ulysses) return ulysses_attention_backward(m, l, s);
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
-    const int64_t W = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
-    AttentionBackwardArgs ba{a.qkv, a.qkv + Q, a.qkv + Q + K, a.att, m.datt, W, W, W, Q, Q, a.lse,
-                             m.dqkv, m.dqkv + Q, m.dqkv + Q + K, W, W, W, m.delta};
+    const int64_t QKV = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
+    AttentionBackwardArgs ba{a.qkv, a.qkv + Q, a.qkv + Q + K, a.att, m.datt, QKV, QKV, QKV, Q, Q, a.lse,
+                             m.dqkv, m.dqkv + Q, m.dqkv + Q + K, QKV, QKV, QKV, m.delta};
     ba.dq_accum = m.dq_accum;
     attention_backward(ba, attention_call_shape(m), s);
 }

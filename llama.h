@@ -78,10 +78,10 @@ struct DeviceMemory {
     int64_t driver_used_bytes() const;  // cudaMemGetInfo now: total - free
 };
 
-// The estimated runtime overhead when no GPU is present (--plan); measured on an H200 with
-// CUDA 13.0 (context + cuBLAS handle + cuBLASLt), see README. On more than one GPU NCCL's own
-// buffers come on top: 2.62 GiB per GPU for our two communicators, measured on two H200s
-// (NCCL 2.28, NCCL_RUNTIME_CONNECT=0); a lead for other GPU counts, not a measurement.
+// The runtime's share of the device when no GPU is present to measure it (--plan): the CUDA
+// context, cuBLAS handle and cuBLASLt on an H200 with CUDA 13.0, and on more than one GPU
+// NCCL's buffers for our two communicators, as measured on two H200s (NCCL 2.28,
+// NCCL_RUNTIME_CONNECT=0; docs/results.md). For other GPU counts the latter is an estimate.
 constexpr double RUNTIME_OVERHEAD_ESTIMATE_GIB = 0.55;
 constexpr double NCCL_OVERHEAD_ESTIMATE_GIB = 2.62;
 inline double runtime_estimate_gib(int world) {
@@ -221,7 +221,7 @@ void attention_backward_kv_major_from(int64_t tiles);
 // its blocks wait forever; the waits' time limit must then end the launch with an error.
 void attention_fused_backward_break_order(bool on);
 bool attention_uses_hopper(const AttentionShape& sh);  // what the dispatch picks for this shape
-// The FLOPs of causal attention, REFERENCE.md's convention: forward 4*S*S*d*Hq/2 per sequence,
+// The FLOPs of causal attention, the convention of docs/reference.md: forward 4*S*S*d*Hq/2 per sequence,
 // backward 2.5 x forward.
 double attention_forward_flops(const AttentionShape& sh);
 // attention.cu: the readable reference kernels (mma.sync; head dim 64 or 128; any GPU since
@@ -422,8 +422,6 @@ void qkv_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);   // 
 void self_attention_forward(Model& m, int l, cudaStream_t s);  // att, lse from q, k, v: the whole sequence
 void attention_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // x_mid = x_in + att Wo^T
 void mlp_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // xn2, h13, act from x_mid
-// Where layer l's projection writes q|k|v of this GPU's tokens ([T, qkv_dim]).
-bf16* qkv_of_tokens(Model& m, int l);
 
 // ---------------------------------------------------------------------------------------------
 // Communicator (comm.cu): all traffic between GPUs. Three implementations: NCCL (one process
@@ -555,8 +553,6 @@ std::vector<TimelineEntry> offload_timeline(Model& m);
 // ---------------------------------------------------------------------------------------------
 // Chunked sequence training (chunked.cu): --chunked.
 void chunked_plan(Model& m);
-int64_t chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T);
-int64_t loss_chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T);
 
 // ---------------------------------------------------------------------------------------------
 // Untied Ulysses (untied.cu): --untied[=K]. The attention sub-block in chunks of K query heads.

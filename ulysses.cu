@@ -45,12 +45,12 @@
 // One layer's working buffers, reused by every layer. Each is named by the side of the
 // all-to-all it stages; what it holds changes over the step, in this order.
 struct Ulysses {
-    bf16* send = nullptr;       // [T, max(N W, Hq d)]: q|k|v packed by destination GPU; d out by
+    bf16* send = nullptr;       // [T, max(N WH, Hq d)]: q|k|v packed by destination GPU; d out by
                                 // destination; then d q|k|v of this GPU's tokens [T, qkv_dim]
     bf16* receive = nullptr;    // same size: q|k|v of this GPU's tokens [T, qkv_dim] as the projection
                                 // writes it; the attention output by source GPU; d q|k|v by source
     bf16* heads_out = nullptr;  // [S, q d] attention output of this GPU's heads; then their d out
-    bf16* heads_dqkv = nullptr; // [S, W] d q|k|v of this GPU's heads
+    bf16* heads_dqkv = nullptr; // [S, WH] d q|k|v of this GPU's heads
     float* delta_tokens = nullptr;   // [T, Hq] delta of this GPU's tokens, every head
     float* delta_send = nullptr;     // [N][T][q] the same, grouped by destination GPU
     float* delta_receive = nullptr;  // [N][T][q] this GPU's heads, grouped by source GPU
@@ -85,13 +85,13 @@ void ulysses_declare_buffers(Model& m, Arena& A) {
     const LlamaConfig& c = m.cfg;
     const int sp = m.shape.sp;
     const UlyssesHeads heads = ulysses_heads(c, sp);
-    const int64_t T = m.shape.tokens(), S = T * sp, W = heads.width(c.head_dim);
-    const int64_t staging = T * std::max<int64_t>(sp * W, c.q_dim());  // >= T * qkv_dim
+    const int64_t T = m.shape.tokens(), S = T * sp, WH = heads.width(c.head_dim);
+    const int64_t staging = T * std::max<int64_t>(sp * WH, c.q_dim());  // >= T * qkv_dim
     u.send = A.take<bf16>("Ulysses all-to-all send staging", MEM_COMM, staging);
     u.receive = A.take<bf16>("Ulysses all-to-all receive staging", MEM_COMM, staging);
     u.heads_out = A.take<bf16>("attention output / its gradient, head-sharded", MEM_ATTENTION,
                                S * heads.q * c.head_dim);
-    u.heads_dqkv = A.take<bf16>("d qkv, head-sharded", MEM_ATTENTION, S * W);
+    u.heads_dqkv = A.take<bf16>("d qkv, head-sharded", MEM_ATTENTION, S * WH);
     u.delta_tokens = A.take<float>("delta, token-sharded", MEM_COMM, T * c.n_heads);
     u.delta_send = A.take<float>("delta all-to-all send", MEM_COMM, T * c.n_heads);
     u.delta_receive = A.take<float>("delta all-to-all receive", MEM_COMM, T * c.n_heads);
@@ -110,7 +110,7 @@ namespace {
 struct Geometry {
     int64_t T;        // local tokens
     int sp, d, Hq, Hkv, q, kv;
-    int64_t QKV, W;   // local row width, head-sharded row width
+    int64_t QKV, WH;  // row widths: local q|k|v (all heads), head-sharded q|k|v
     int replicas;     // GPUs sharing one KV head (1 when Hkv >= sp)
     __host__ __device__ int kv_first(int j) const { return replicas > 1 ? j / replicas : j * kv; }
 };
@@ -122,14 +122,14 @@ Geometry geometry(const Model& m) {
     g.sp = m.shape.sp, g.d = c.head_dim, g.Hq = c.n_heads, g.Hkv = c.n_kv_heads;
     UlyssesHeads h = ulysses_heads(c, g.sp);
     g.q = h.q, g.kv = h.kv;
-    g.QKV = c.qkv_dim(), g.W = h.width(c.head_dim);
+    g.QKV = c.qkv_dim(), g.WH = h.width(c.head_dim);
     g.replicas = g.Hkv >= g.sp ? 1 : g.sp / g.Hkv;
     return g;
 }
 
 inline unsigned blocks(int64_t n) { return (unsigned)std::min<int64_t>((n + 255) / 256, 1 << 30); }
 
-// Local column (in a [T, QKV] row) of column x of destination j's head-sharded [W] row.
+// Local column (in a [T, QKV] row) of column x of destination j's head-sharded [WH] row.
 __device__ inline int64_t qkv_column(const Geometry& g, int j, int64_t x) {
     int head = (int)(x / g.d), i = (int)(x % g.d);
     if (head < g.q) return (int64_t)(j * g.q + head) * g.d + i;
@@ -140,10 +140,10 @@ __device__ inline int64_t qkv_column(const Geometry& g, int j, int64_t x) {
 
 // send[j][t][x] = qkv[t][qkv_column(j, x)], in 8-element pieces (head_dim is a multiple of 8).
 __global__ void pack_qkv_kernel(bf16* send, const bf16* qkv, Geometry g) {
-    const int64_t W8 = g.W / 8, n = (int64_t)g.sp * g.T * W8;
+    const int64_t WH8 = g.WH / 8, n = (int64_t)g.sp * g.T * WH8;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t x = (i % W8) * 8, t = (i / W8) % g.T;
-        int j = (int)(i / (W8 * g.T));
+        int64_t x = (i % WH8) * 8, t = (i / WH8) % g.T;
+        int j = (int)(i / (WH8 * g.T));
         *(uint4*)(send + i * 8) = *(const uint4*)(qkv + t * g.QKV + qkv_column(g, j, x));
     }
 }
@@ -158,7 +158,7 @@ __global__ void unpack_dqkv_kernel(bf16* dqkv, const bf16* recv, Geometry g) {
         float acc = 0.f;
         if (head < g.Hq) {  // query head: GPU head / q, its column
             int j = head / g.q;
-            acc = __bfloat162float(recv[((int64_t)j * g.T + t) * g.W + (int64_t)(head - j * g.q) * g.d + e]);
+            acc = __bfloat162float(recv[((int64_t)j * g.T + t) * g.WH + (int64_t)(head - j * g.q) * g.d + e]);
         } else {  // KV head kvh, in the k (section 0) or v (section 1) part
             int section = head < g.Hq + g.Hkv ? 0 : 1;
             int kvh = head - g.Hq - section * g.Hkv;
@@ -167,7 +167,7 @@ __global__ void unpack_dqkv_kernel(bf16* dqkv, const bf16* recv, Geometry g) {
             for (int j = j0; j < j1; j++) {
                 int local = kvh - g.kv_first(j);
                 int64_t x = (int64_t)(g.q + section * g.kv + local) * g.d + e;
-                acc += __bfloat162float(recv[((int64_t)j * g.T + t) * g.W + x]);
+                acc += __bfloat162float(recv[((int64_t)j * g.T + t) * g.WH + x]);
             }
         }
         dqkv[i] = __float2bfloat16(acc);
@@ -239,14 +239,14 @@ void ulysses_transpose_delta(float* out, const float* in, int64_t B, int64_t S, 
     CUDA_CHECK_LAUNCH();
 }
 
-// Token-sharded q, k, v -> head-sharded, straight into the layer's qkv [S, W]. Also the
+// Token-sharded q, k, v -> head-sharded, straight into the layer's qkv [S, WH]. Also the
 // backward's first step under --ckpt=selective (q, k, v are recomputed, attention is not).
 void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s) {
     const Geometry g = geometry(m);
     Ulysses& u = *m.ulysses;
-    pack_qkv_kernel<<<blocks(g.sp * g.T * g.W / 8), 256, 0, s>>>(u.send, u.receive, g);
+    pack_qkv_kernel<<<blocks(g.sp * g.T * g.WH / 8), 256, 0, s>>>(u.send, u.receive, g);
     CUDA_CHECK_LAUNCH();
-    m.comm->all_to_all(m.layers[l].qkv, u.send, g.T * g.W, DType::BF16, s);
+    m.comm->all_to_all(m.layers[l].qkv, u.send, g.T * g.WH, DType::BF16, s);
 }
 
 void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
@@ -255,7 +255,7 @@ void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
     LayerActivations& a = m.layers[l];
     const int64_t qd = (int64_t)g.q * g.d;
     ulysses_qkv_to_heads(m, l, s);
-    AttentionForwardArgs fa{a.qkv, a.qkv + qd, a.qkv + qd + (int64_t)g.kv * g.d, g.W, g.W, g.W, u.heads_out, qd, a.lse};
+    AttentionForwardArgs fa{a.qkv, a.qkv + qd, a.qkv + qd + (int64_t)g.kv * g.d, g.WH, g.WH, g.WH, u.heads_out, qd, a.lse};
     attention_forward(fa, ulysses_attention_shape(m), s);
     // Head-sharded output -> token-sharded a.att [T, Hq d]: rows of GPU j's tokens go to GPU j.
     m.comm->all_to_all(u.receive, u.heads_out, g.T * qd, DType::BF16, s);
@@ -278,13 +278,13 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
     ulysses_transpose_delta(m.delta, u.delta_receive, 1, S, g.q, s);
     // Attention backward on S tokens x H/N heads; out = nullptr: delta is given.
     const int64_t kvd = (int64_t)g.kv * g.d;
-    AttentionBackwardArgs ba{a.qkv, a.qkv + qd, a.qkv + qd + kvd, nullptr, u.heads_out, g.W, g.W, g.W, 0, qd,
-                             a.lse, u.heads_dqkv, u.heads_dqkv + qd, u.heads_dqkv + qd + kvd, g.W, g.W, g.W, m.delta};
+    AttentionBackwardArgs ba{a.qkv, a.qkv + qd, a.qkv + qd + kvd, nullptr, u.heads_out, g.WH, g.WH, g.WH, 0, qd,
+                             a.lse, u.heads_dqkv, u.heads_dqkv + qd, u.heads_dqkv + qd + kvd, g.WH, g.WH, g.WH, m.delta};
     ba.dq_accum = m.dq_accum;
     attention_backward(ba, ulysses_attention_shape(m), s);
     // Head-sharded dq, dk, dv -> token-sharded d q|k|v [T, QKV] in the send staging (replicated
     // KV heads summed), where qkv_backward reads it.
-    m.comm->all_to_all(u.receive, u.heads_dqkv, g.T * g.W, DType::BF16, s);
+    m.comm->all_to_all(u.receive, u.heads_dqkv, g.T * g.WH, DType::BF16, s);
     unpack_dqkv_kernel<<<blocks(g.T * g.QKV), 256, 0, s>>>(u.send, u.receive, g);
     CUDA_CHECK_LAUNCH();
 }

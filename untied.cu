@@ -103,17 +103,17 @@ void untied_project(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     const int64_t w = p.K * p.d, kvw = p.kv * p.d;
     const bool kv = p.new_kv(i);
-    const bf16* W = m.w(P_WQKV, l);
+    const bf16* Wqkv = m.w(P_WQKV, l);
     for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
         for (int j = 0; j < p.sp; j++) {
             bf16* q = p.send + (int64_t)j * p.T * w + t0 * w;
-            linear_forward(q, xn, W + q_row(c, p.q_first(j, i)) * p.D, nullptr, n, p.D, w, s);
+            linear_forward(q, xn, Wqkv + q_row(c, p.q_first(j, i)) * p.D, nullptr, n, p.D, w, s);
             if (!kv) continue;
             bf16* k = p.kv_send + (int64_t)j * p.T * 2 * kvw + t0 * 2 * kvw;
             const int g = p.kv_first(j, i);
-            gemm_rm(false, true, n, kvw, p.D, xn, p.D, W + k_row(c, g) * p.D, p.D, k, 2 * kvw, false, 1.f, 0.f,
+            gemm_rm(false, true, n, kvw, p.D, xn, p.D, Wqkv + k_row(c, g) * p.D, p.D, k, 2 * kvw, false, 1.f, 0.f,
                     nullptr, s);
-            gemm_rm(false, true, n, kvw, p.D, xn, p.D, W + v_row(c, g) * p.D, p.D, k + kvw, 2 * kvw, false, 1.f, 0.f,
+            gemm_rm(false, true, n, kvw, p.D, xn, p.D, Wqkv + v_row(c, g) * p.D, p.D, k + kvw, 2 * kvw, false, 1.f, 0.f,
                     nullptr, s);
         }
     }, s);
@@ -220,7 +220,7 @@ void untied_attention_backward(Model& m, int l, cudaStream_t s) {
     LayerActivations& a = m.layers[l];
     const LlamaConfig& c = m.cfg;
     const int64_t w = p.K * p.d, kvw = p.kv * p.d, QD = c.q_dim();
-    const bf16* W = m.w(P_WQKV, l);
+    const bf16* Wqkv = m.w(P_WQKV, l);
     const bf16* Wo = m.w(P_WO, l);
     float* dW = m.g(P_WQKV, l);
     bool dxn_written = false;
@@ -259,13 +259,13 @@ void untied_attention_backward(Model& m, int l, cudaStream_t s) {
         for (int j = 0; j < p.sp; j++) {
             bf16* dq = p.receive + (int64_t)j * p.T * w;
             rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s);
-            add_dxn(dq, w, W + q_row(c, p.q_first(j, i)) * p.D, w);
+            add_dxn(dq, w, Wqkv + q_row(c, p.q_first(j, i)) * p.D, w);
             if (!kv_done) continue;
             bf16* dkv = p.kv_send + (int64_t)j * p.T * 2 * kvw;
             const int g = p.kv_first(j, i);
             rope_apply(dkv, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, true, s);
-            add_dxn(dkv, 2 * kvw, W + k_row(c, g) * p.D, kvw);
-            add_dxn(dkv + kvw, 2 * kvw, W + v_row(c, g) * p.D, kvw);
+            add_dxn(dkv, 2 * kvw, Wqkv + k_row(c, g) * p.D, kvw);
+            add_dxn(dkv + kvw, 2 * kvw, Wqkv + v_row(c, g) * p.D, kvw);
         }
         for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
             for (int j = 0; j < p.sp; j++) {

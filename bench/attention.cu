@@ -7,7 +7,7 @@
 //
 // Shapes: Llama 3.2 3B (24 query / 8 KV heads) and Llama 3.1 8B (32 / 8), and (3B-U8, 8B-U8; not
 // by default) their heads on one of eight Ulysses ranks (3 / 1 and 4 / 1), head dim 128, bf16,
-// causal, one sequence. FLOPs as REFERENCE.md counts them: forward 4 S^2 d H / 2, backward 2.5x
+// causal, one sequence. FLOPs as docs/reference.md counts them: forward 4 S^2 d H / 2, backward 2.5x
 // (the backward's time includes its delta = rowsum(dO * O) kernel; the fused backward's also
 // clearing and converting its fp32 dQ workspace). Times are CUDA-event medians
 // of `reps` runs after `warmup` (2) warm-up runs, on random N(0, 1) inputs, forward and backward

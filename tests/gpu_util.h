@@ -73,6 +73,6 @@ inline std::vector<double> columns(const std::vector<double>& m, int64_t rows, i
     return out;
 }
 
-// DESIGN.md tolerances against float64: fp32 results under 1e-5, bf16 results under 1e-2.
+// The tolerances of docs/design.md against float64: fp32 results under 1e-5, bf16 results under 1e-2.
 constexpr double TOL_FP32 = 1e-5;
 constexpr double TOL_BF16 = 1e-2;
