@@ -35,6 +35,8 @@
 //   llama.cu layer_backward   recompute_attention: q|k|v (and att, lse) before the backward
 //   llama.cu mlp_backward     recompute_mlp_inputs: x_mid, xn2, h13, act of the chunk
 //   llama.cu qkv_backward     recompute_attention_norm: xn1 of the chunk
+//   llama.cu x_mid_rows       x_mid is one shared chunk, not the layer's own [T, D] rows
+//   train.cpp                 --offload and --untied turn --ckpt on
 // With --offload (stage 4) what is kept moves to pinned host memory (offload.cu).
 #include "llama.h"
 

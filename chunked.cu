@@ -1,6 +1,5 @@
-// chunked.cu - chunked sequence training (--chunked, ladder stage 5; the talk at 09:33, and
-// the chunk-size trade-off at 11:43): tiled MLP, chunked element-wise work, and a fused chunked
-// LM head + cross-entropy.
+// chunked.cu - chunked sequence training (--chunked, ladder stage 5; the talk at 09:33): tiled
+// MLP, chunked element-wise work, and a fused chunked LM head + cross-entropy.
 //
 // At millions of tokens per GPU the buffers that are as wide as the whole local sequence
 // dominate what is left after checkpointing: the MLP intermediates (T x 2F for gate|up, T x F
@@ -32,9 +31,10 @@
 //   with --chunked:    the same with T replaced by C (MLP) and C_loss (logits)
 // e.g. Llama 3.1 8B, T = 393216 (3M tokens over 8 GPUs): logits 94 GiB -> 1 GiB, MLP work and
 // its gradients 72 GiB -> 0.75 GiB (C = 4096).
-// Cost: the forward of the MLP (and norms) runs again in the backward, about 1/8 more FLOPs
-// in the MLP, plus smaller GEMMs; the logits GEMM is not repeated (loss and its gradient are
-// computed in one pass).
+// Cost: without --ckpt, the chunk's norm, up projection and activation run again in the
+// backward, 4 D F of the MLP's 18 D F FLOPs per token (about 2/9 more in the MLP); with --ckpt
+// they are recomputed anyway, so chunking adds no FLOPs. Smaller GEMMs run a little slower. The
+// logits GEMM is not repeated (the loss and its gradient come out of one pass).
 //
 // Chunk sizes: C defaults to the hidden size (ALST's choice: a tile of D tokens keeps the MLP's
 // GEMMs large enough to run at full speed); C_loss keeps one chunk's bf16 logits near 1 GiB
@@ -50,6 +50,8 @@
 //   checkpointing.cu              recompute_mlp_inputs and recompute_attention_norm rebuild the
 //                                 chunk's xn2, h13, act and xn1 in the backward
 //   untied.cu                     the normalized input of the projections, chunk by chunk
+//   llama.cu declare_*            the buffers sized by C and C_loss rows (norms, MLP, their
+//                                 gradients, logits); train.cpp: --chunk-tokens, --loss-chunk-tokens
 #include <algorithm>
 
 #include "llama.h"

@@ -17,7 +17,8 @@
 //
 // plus communication buffers (category "comm"): two gathered units in bf16 (the one in use and
 // the next, prefetched) and two unit-sized fp32 gradient buffers, used in turn (one accumulates
-// while the other is reduce-scattered), 12 bytes x the largest unit. Just before a unit is used its
+// while the other is reduce-scattered), 12 bytes x the largest unit, and one fp32 shard that
+// receives each reduce-scatter, 4 bytes x the largest shard. Just before a unit is used its
 // bf16 shards are all-gathered into a slot; the next unit's gather is already running on the
 // communication stream; a slot is refilled only after the compute stream has released it. In
 // the backward each layer is gathered again, its gradient accumulates in fp32 into a unit
@@ -25,8 +26,9 @@
 // the sum of its shard over all GPUs and adds it to its gradient shard. AdamW then updates
 // each GPU's shard; gradient clipping sums the shards' squares over all GPUs.
 //
-// Cost: every step moves the parameters three times in bf16 (gather in forward, gather in
-// backward) plus the gradients once in fp32, all overlapped with compute.
+// Cost: every step gathers the parameters twice in bf16 (in the forward and in the backward; a
+// tied embedding once more, for the head) and reduce-scatters the gradients once in fp32, all
+// overlapped with compute.
 //
 // Where --fsdp changes the step:
 //   llama.cu declare_model_states   model states hold this GPU's shards (fsdp_local_params)
@@ -37,7 +39,9 @@
 //   llama.cu model_init_weights, model_optimizer_step
 //                                   each GPU initializes and updates its own shard
 //                                   (fsdp_segments); the gradient norm sums over the shards
+//   llama.cu model_allocate, model_free   fsdp_create / fsdp_destroy (events, slots zeroed)
 //   files.cu                        each GPU reads and writes only its shards
+//   train.cpp dump_first_step       --dump gathers every gradient whole (fsdp_full_gradients)
 // Without --fsdp the same calls run the replicated path: weights are views into the full copy
 // and fsdp_grad_end all-reduces a unit's gradient when more than one GPU trains.
 #include <algorithm>
@@ -53,7 +57,7 @@ struct Fsdp {
     // Sharded only: the slots.
     bf16* weight_slot[2] = {};
     float* grad_slot[2] = {};
-    float* reduced = nullptr;  // one shard, fresh from a reduce-scatter
+    float* reduced_shard = nullptr;  // one shard, fresh from a reduce-scatter
     struct WeightSlot {
         int unit = -1;
         bool free = true, used = false;
@@ -117,7 +121,7 @@ void fsdp_declare_buffers(Model& m, Arena& A) {
         f.weight_slot[k] = A.take<bf16>("FSDP gathered unit " + std::to_string(k), MEM_COMM, f.max_padded);
         f.grad_slot[k] = A.take<float>("FSDP unit gradient " + std::to_string(k), MEM_COMM, f.max_padded);
     }
-    f.reduced = A.take<float>("FSDP reduce-scatter shard", MEM_COMM, f.max_shard);
+    f.reduced_shard = A.take<float>("FSDP reduce-scatter shard", MEM_COMM, f.max_shard);
 }
 
 void fsdp_create(Model& m) {
@@ -240,9 +244,9 @@ void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s) {
         if (!f.gs[j].free && f.gs[j].unit == u) k = j;
     if (k < 0) throw std::logic_error("FSDP: grad_end without grad_begin");
     comm_after_compute(m, s);
-    m.comm_fsdp->reduce_scatter(f.reduced, f.grad_slot[k], f.shard[u], DType::F32, m.comm_stream);
+    m.comm_fsdp->reduce_scatter(f.reduced_shard, f.grad_slot[k], f.shard[u], DType::F32, m.comm_stream);
     add_kernel<<<(unsigned)std::min<int64_t>((f.shard[u] + 255) / 256, 1 << 16), 256, 0, m.comm_stream>>>(
-        m.grad + f.shard_offset[u], f.reduced, f.shard[u]);
+        m.grad + f.shard_offset[u], f.reduced_shard, f.shard[u]);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaEventRecord(f.gs[k].reduced, m.comm_stream));
     f.gs[k].free = true;
@@ -280,6 +284,7 @@ std::vector<float> fsdp_gather_unit(Model& m, const float* local, int u, cudaStr
                               cudaMemcpyDeviceToHost));
         return out;
     }
+    // Gathered into a unit-gradient slot: outside a step no gradient accumulates there.
     m.comm_fsdp->all_gather(f.grad_slot[0], local + f.shard_offset[u], f.shard[u], DType::F32, s);
     comm_sync(m.comm_fsdp, s, m.comm_timeout_s);
     CUDA_CHECK(cudaMemcpy(out.data(), f.grad_slot[0], out.size() * sizeof(float), cudaMemcpyDeviceToHost));

@@ -1,6 +1,7 @@
 // llama.cu - Llama 3 on one GPU: the tracked allocator, cuBLASLt matrix products, the kernels
 // of every layer (embedding, RMSNorm, RoPE, SwiGLU, cross-entropy, AdamW), and one training
-// step's forward and backward. Attention lives in attention.cu.
+// step's forward and backward. Attention's kernels live in attention_hopper.cu (the fast ones,
+// and attention_forward/_backward, which pick the kernels) and attention.cu (the reference).
 //
 // The step, for T = batch * seq tokens (shapes row-major, bf16 unless noted):
 //
@@ -23,17 +24,26 @@
 //
 // Every per-token piece of a layer is written over a token range [t0, t1), and the layers walk
 // their tokens in chunks: one chunk of all T tokens in the plain step, chunks of C tokens under
-// --chunked (chunked.cu). The plain step keeps every activation for the backward; what each
-// memory technique changes is named once, where it acts:
+// --chunked (chunked.cu). The plain step keeps every activation for the backward. The memory
+// techniques are called through named hooks, each a no-op or the plain path when its flag is
+// off; where they enter:
 //
-//   model_declare_buffers   each technique's *_plan (what is kept, and where) and its buffers
+//   model_declare_buffers   each technique's *_plan (what is kept, and where), then its own
+//                           buffers (fsdp_, ulysses_, untied_declare_buffers); declare_activations
+//                           sizes qkv and lse for this GPU's heads (Ulysses) and the chunk rows;
+//                           attention_call_shape: one call's heads (Ulysses, Untied)
+//   model_allocate, model_free   offload_create / _destroy, fsdp_create / _destroy
+//   model_init_weights, model_optimizer_step   this GPU's shards (fsdp_segments, --fsdp)
 //   model_forward_backward  fsdp_* around each unit (fsdp.cu), offload_* around each layer
 //                           (offload.cu)
 //   layer_forward           untied_attention_forward (untied.cu) in place of the attention
 //                           sub-block; offload_save_attention
 //   layer_backward          recompute_attention (checkpointing.cu); untied_attention_backward
-//   self_attention_*        ulysses_attention_* (ulysses.cu) when the sequence is split
+//   qkv_of_tokens, dqkv_of_tokens, self_attention_*   Ulysses's staging and all-to-alls (ulysses.cu)
 //   qkv_backward, mlp_backward   recompute_attention_norm, recompute_mlp_inputs (checkpointing.cu)
+//   x_mid_rows              x_mid is the layer's own rows, or a shared chunk (checkpointing.cu)
+//   model_memory_trace      the host bytes of --offload
+// Each technique file's header lists the same places from its side.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -965,9 +975,10 @@ static P at(P base, int64_t t0, int64_t width) {
 }
 
 // Where layer l's projection writes q|k|v of this GPU's tokens: the layer's qkv, or under
-// Ulysses the staging its all-to-all sends from (ulysses.cu).
+// Ulysses its receive staging, packed from there into the send staging for the all-to-all.
 static bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? ulysses_qkv_of_tokens(m) : m.layers[l].qkv; }
-// Where the backward finds d q|k|v of this GPU's tokens.
+// Where the backward finds d q|k|v of this GPU's tokens: the step's dqkv, or under Ulysses the
+// send staging, which it was unpacked into after its all-to-all.
 static bf16* dqkv_of_tokens(Model& m) { return m.ulysses ? ulysses_dqkv_of_tokens(m) : m.dqkv; }
 
 // xn1, rstd1 = rmsnorm(x_in)
@@ -1186,9 +1197,9 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
                        m.emb_positions, (int64_t)m.emb_groups.token.size(), c.dim, s);
     fsdp_grad_end(m, 0, true, s);
     fsdp_step_end(m, s);
-    // Each GPU's sum of its tokens' losses (each already scaled by 1 / the step's count of valid
-    // targets, in the loss kernel's gradient only: the losses themselves are raw); the sum over
-    // GPUs is the step's total, which the caller divides by that count.
+    // scalars[0] holds this GPU's sum of raw per-token losses (only their gradient was scaled by
+    // 1 / the step's count of valid targets). Summed over the GPUs it is the step's total loss,
+    // which the caller divides by that count.
     if (m.world > 1) m.comm->all_reduce(m.scalars + 0, 1, DType::F32, s);
 }
 

@@ -267,8 +267,8 @@ struct StepOptions {
 enum class Hold {
     PER_LAYER,  // one slot per layer, kept from the layer's forward to its backward
     ON_HOST,    // kept per layer in pinned host memory, staged through two device slots (offload.cu)
-    SHARED,     // one slot for all layers: the layer at hand's work, rebuilt in its backward
-                // (checkpointing.cu recomputes it)
+    SHARED,     // one slot for all layers, used by the layer at hand (a forward activation in
+                // a shared slot is recomputed in the backward: checkpointing.cu)
     NONE,       // not in the plain model's buffers: a technique holds it in its own (ulysses.cu, untied.cu)
 };
 struct ActivationPlan {

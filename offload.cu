@@ -14,17 +14,18 @@
 //             is done.
 // Ordering is by CUDA events between the compute stream and the copy stream only; nothing
 // synchronizes the device. The last layer's input never leaves: the first layer of the
-// backward needs it at once. Pinned memory is allocated once (pinning is slow: about 0.6 s per
-// GiB, docs/reference.md) and reused by every step.
+// backward needs it at once. Pinned memory is allocated once, since pinning is slow
+// (docs/reference.md), and reused by every step.
 //
 // Memory per GPU, for T local tokens and L layers (bytes):
-//   device: L T 2D -> 2 T 2D  (=selective: and L -> 2 slots of T (2 Hq d + 4 Hq))
+//   device: (L + 1) T 2D -> 2 T 2D  (the residual stream: every layer's input and the last
+//           output; =selective: and L -> 2 slots of T (2 Hq d + 4 Hq))
 //   host:   (L - 1) T (2 D [+ 2 Hq d + 4 Hq])
-// Cost: PCIe traffic, hidden when a layer's copy takes less time than its compute. A layer's
-// input is 2 D bytes per token (8 KiB for 8B): at the 55 GB/s of a pinned copy that is 0.15 us
-// per token, against about 3.3 us per token of the layer's GEMMs alone (6 FLOPs x 218 M
-// parameters at 400 TFLOP/s), before attention, which grows with the context. So the copies
-// hide with a wide margin at any context length.
+// Cost: host-device traffic, hidden when a layer's copy takes less time than its compute. A
+// layer's input is 2 D bytes per token (8 KiB for 8B): at a pinned copy's bandwidth (about 55
+// GB/s, docs/reference.md) that is 0.15 us per token, against about 3.3 us per token of the
+// layer's GEMMs alone (6 FLOPs x 218 M parameters, at 400 TFLOP/s), before attention, which
+// grows with the context. So the copies hide with a wide margin at any context length.
 //
 // Where --offload changes the step:
 //   offload_plan                  x_in (and a kept att, lse) move to the host, two device slots
@@ -34,6 +35,9 @@
 //                                 offload_before/after_layer_forward around each layer;
 //                                 offload_before/after_layer_backward around each layer
 //   llama.cu layer_forward        offload_save_attention (=selective)
+//   llama.cu slot                 layer l's staging slot is l % 2 (Hold::ON_HOST)
+//   llama.cu model_free           offload_destroy; model_memory_trace counts the host bytes
+//   train.cpp                     --offload implies --ckpt; the plan prints the host bytes
 // --timeline records this file's copies next to each layer's compute.
 #include <algorithm>
 

@@ -30,11 +30,15 @@
 // backward d out and d q|k|v, each (N-1)/N of the local tensor.
 //
 // Where --ulysses changes the step:
-//   train.cpp        RunShape.sp = N: each GPU holds S/N tokens (data, RoPE positions, loss)
-//   ulysses_plan     d q|k|v of this GPU's tokens arrives in the send staging (no dqkv buffer)
-//   llama.cu         qkv_forward writes into the receive staging (qkv_of_tokens);
+//   train.cpp        RunShape.sp = N: each GPU holds S/N tokens (data, RoPE positions, loss);
+//                    one sequence for all GPUs (no data parallelism)
+//   ulysses_plan     d q|k|v of this GPU's tokens is unpacked into the send staging (no dqkv
+//                    buffer)
+//   llama.cu         declare_activations sizes qkv and lse for S tokens of this GPU's heads;
+//                    attention_call_shape: S tokens, H/N heads; model_step_flops: H/N heads;
+//                    qkv_forward writes into the receive staging (qkv_of_tokens);
 //                    self_attention_forward/backward call ulysses_attention_forward/backward;
-//                    qkv_backward reads d q|k|v from the send staging
+//                    qkv_backward reads d q|k|v from the send staging (dqkv_of_tokens)
 //   checkpointing.cu under --ckpt=selective the recomputed q|k|v goes head-sharded again
 //                    (ulysses_qkv_to_heads) for the attention backward
 // Untied Ulysses (untied.cu) replaces all of this with head chunks and buffers of its own.
@@ -76,7 +80,7 @@ void ulysses_check(const LlamaConfig& c, const RunShape& sh) {
 void ulysses_plan(Model& m) {
     if (m.shape.sp <= 1 || m.opt.untied) return;  // --untied: untied.cu holds its own buffers
     m.ulysses = std::make_shared<Ulysses>();
-    m.plan.dqkv = Hold::NONE;  // it arrives in the send staging
+    m.plan.dqkv = Hold::NONE;  // it is unpacked into the send staging
 }
 
 void ulysses_declare_buffers(Model& m, Arena& A) {

@@ -1,5 +1,6 @@
-// untied.cu - Untied Ulysses (--untied[=K], ladder stage 6; the talk at 09:57; the UPipe method
-// of the Untied Ulysses paper, arXiv 2602.21196).
+// untied.cu - Untied Ulysses (--untied[=K], ladder stage 6; the talk at 09:57, and the
+// chunk-size trade-off, K against memory and time, at 11:43; the UPipe method of the Untied
+// Ulysses paper, arXiv 2602.21196).
 //
 // Plain Ulysses materializes, for all of a GPU's heads at once and each spanning the whole
 // sequence, the projected q, k, v (token-sharded and head-sharded), the all-to-all staging and
@@ -38,7 +39,7 @@
 // bytes. The cost: q/K all-to-alls per direction instead of one, projection GEMMs of K d
 // columns, and the projections recomputed in the backward.
 //
-// Where --untied changes the step (it implies --ckpt):
+// Where --untied changes the step (train.cpp: it implies --ckpt):
 //   untied_plan        q|k|v, their gradient, d att and delta leave the plain model's buffers
 //                      (one head chunk's buffers here instead)
 //   llama.cu           layer_forward calls untied_attention_forward instead of qkv_forward and
@@ -46,6 +47,7 @@
 //                      after the MLP's backward; mlp_backward leaves d att to it
 //   checkpointing.cu   recompute_attention reruns untied_attention_forward (full checkpointing)
 //   llama.cu           attention_call_shape: the fused backward's dQ sums hold one head chunk
+//   ulysses.cu         ulysses_plan stands down: none of plain Ulysses's buffers are declared
 #include <algorithm>
 
 #include "llama.h"
@@ -63,7 +65,7 @@ struct Untied {
     bool new_kv(int i) const { return i == 0 || (q_per_gpu >= group && (i * K) % group == 0); }
     bool last_of_kv(int i) const { return i == chunks - 1 || new_kv(i + 1); }
 
-    bf16* dxn = nullptr;      // [T, D] d normalized input of the layer, summed over the chunks
+    bf16* dxn1 = nullptr;     // [T, D] d xn1 (the normalized input) of all tokens, summed over chunks
     bf16* send = nullptr;     // [N][T, K d] the chunk's q for each destination GPU; then its d out
     bf16* receive = nullptr;  // [N][T, K d] the chunk's output from each GPU; then its dq
     bf16* kv_send = nullptr;  // [N][T, 2 kv d] k|v for each destination GPU; then dk|dv received
@@ -178,7 +180,7 @@ void untied_declare_buffers(Model& m, Arena& A) {
     if (!m.untied) return;
     Untied& p = *m.untied;
     const int64_t w = p.K * p.d, kvw2 = 2 * p.kv * p.d, S = p.S;
-    p.dxn = A.take<bf16>("untied: d normalized input", MEM_OTHER, p.T * p.D);
+    p.dxn1 = A.take<bf16>("untied: d normalized input", MEM_OTHER, p.T * p.D);
     p.send = A.take<bf16>("untied: q / d out send", MEM_COMM, S * w);
     p.receive = A.take<bf16>("untied: out / dq receive", MEM_COMM, S * w);
     p.kv_send = A.take<bf16>("untied: k|v send (and dk|dv receive)", MEM_COMM, S * kvw2);
@@ -214,7 +216,7 @@ void untied_attention_forward(Model& m, int l, cudaStream_t s) {
 // On entry m.dres holds d loss / d x_mid (the MLP's backward is done; Wo's weight gradient too)
 // and a.att, a.lse the layer's forward. Adds d loss / d x_in into m.dres and the projection and
 // norm gradients into the unit. m.dres stays d loss / d x_mid until the end (every chunk's d out
-// is taken from it), so the attention side's input gradient gathers in Untied's dxn.
+// is taken from it), so the attention side's input gradient gathers in dxn1.
 void untied_attention_backward(Model& m, int l, cudaStream_t s) {
     Untied& p = *m.untied;
     LayerActivations& a = m.layers[l];
@@ -223,11 +225,11 @@ void untied_attention_backward(Model& m, int l, cudaStream_t s) {
     const bf16* Wqkv = m.w(P_WQKV, l);
     const bf16* Wo = m.w(P_WO, l);
     float* dW = m.g(P_WQKV, l);
-    bool dxn_written = false;
-    auto add_dxn = [&](const bf16* dy, int64_t ld, const bf16* Wrows, int64_t rows) {  // dxn += dy Wrows
-        gemm_rm(false, false, p.T, p.D, rows, dy, ld, Wrows, p.D, p.dxn, p.D, false, 1.f,
-                dxn_written ? 1.f : 0.f, p.dxn, s);
-        dxn_written = true;
+    bool dxn1_written = false;
+    auto add_dxn1 = [&](const bf16* dy, int64_t ld, const bf16* Wrows, int64_t rows) {  // dxn1 += dy Wrows
+        gemm_rm(false, false, p.T, p.D, rows, dy, ld, Wrows, p.D, p.dxn1, p.D, false, 1.f,
+                dxn1_written ? 1.f : 0.f, p.dxn1, s);
+        dxn1_written = true;
     };
     for (int i = 0; i < p.chunks; i++) {
         untied_project(m, p, l, i, s);
@@ -259,13 +261,13 @@ void untied_attention_backward(Model& m, int l, cudaStream_t s) {
         for (int j = 0; j < p.sp; j++) {
             bf16* dq = p.receive + (int64_t)j * p.T * w;
             rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s);
-            add_dxn(dq, w, Wqkv + q_row(c, p.q_first(j, i)) * p.D, w);
+            add_dxn1(dq, w, Wqkv + q_row(c, p.q_first(j, i)) * p.D, w);
             if (!kv_done) continue;
             bf16* dkv = p.kv_send + (int64_t)j * p.T * 2 * kvw;
             const int g = p.kv_first(j, i);
             rope_apply(dkv, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, true, s);
-            add_dxn(dkv, 2 * kvw, Wqkv + k_row(c, g) * p.D, kvw);
-            add_dxn(dkv + kvw, 2 * kvw, Wqkv + v_row(c, g) * p.D, kvw);
+            add_dxn1(dkv, 2 * kvw, Wqkv + k_row(c, g) * p.D, kvw);
+            add_dxn1(dkv + kvw, 2 * kvw, Wqkv + v_row(c, g) * p.D, kvw);
         }
         for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
             for (int j = 0; j < p.sp; j++) {
@@ -284,7 +286,7 @@ void untied_attention_backward(Model& m, int l, cudaStream_t s) {
     // The attention norm's backward, chunk by chunk (its rstd recomputed): dres += d/dx_in.
     const int64_t D = p.D;
     for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16*) {
-        rmsnorm_backward(m.dres + t0 * D, m.g(P_ATTN_NORM, l), p.dxn + t0 * D, a.x_in + t0 * D,
+        rmsnorm_backward(m.dres + t0 * D, m.g(P_ATTN_NORM, l), p.dxn1 + t0 * D, a.x_in + t0 * D,
                          m.w(P_ATTN_NORM, l), a.rstd1, n, (int)D, true, m.norm_partial, s);
     }, s);
 }
