@@ -407,6 +407,13 @@ TEST(Binary, LadderPlanNeedsNoGpu) {
 // What a newcomer runs into. Every output path is checked before any work, the ladder refuses
 // the flags it sets itself and plans the talk's node unless told otherwise, and an
 // out-of-memory's hint names only what would help this run.
+// The run of `args` ended with `code` and said `text`.
+void expect_exit(const std::string& args, int code, const std::string& text) {
+    Result r = run_train(args);
+    EXPECT_EQ(r.code, code) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(text), std::string::npos) << args << "\n" << r.output;
+}
+
 TEST(Binary, UnwritableOutputsAreRefusedBeforeAnyWork) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     for (const char* flags : {"--ladder --plan --log /nonexistent/ladder.jsonl",
@@ -415,27 +422,17 @@ TEST(Binary, UnwritableOutputsAreRefusedBeforeAnyWork) {
                               "--config tiny --steps 1 --offload --timeline /nonexistent/t.json",
                               "--config tiny --steps 1 --mem-trace /nonexistent/m.jsonl",
                               "--config tiny --steps 1 --save-to /nonexistent/out",
-                              "--config tiny --steps 1 --state-dir /nonexistent/state"}) {
-        Result r = run_train(flags);
-        EXPECT_EQ(r.code, 2) << flags << "\n" << r.output;
-        EXPECT_NE(r.output.find("'/nonexistent' does not exist"), std::string::npos) << flags << "\n" << r.output;
-    }
-    Result folder = run_train("--config tiny --steps 1 --log tests");
-    EXPECT_EQ(folder.code, 2) << folder.output;
-    EXPECT_NE(folder.output.find("is a folder"), std::string::npos) << folder.output;
-    Result file = run_train("--config tiny --steps 1 --save-to Makefile");
-    EXPECT_EQ(file.code, 2) << file.output;
-    EXPECT_NE(file.output.find("is not a folder"), std::string::npos) << file.output;
+                              "--config tiny --steps 1 --state-dir /nonexistent/state"})
+        expect_exit(flags, 2, "'/nonexistent' does not exist");
+    expect_exit("--config tiny --steps 1 --log tests", 2, "is a folder");
+    expect_exit("--config tiny --steps 1 --save-to Makefile", 2, "is not a folder");
 }
 
 TEST(Ladder, RefusesTheFlagsItSetsItself) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     for (const char* flags : {"--stage 3", "--fsdp", "--ulysses", "--ckpt", "--ckpt=selective", "--offload",
-                              "--chunked", "--untied=2"}) {
-        Result r = run_train(std::string("--ladder --plan --config tiny ") + flags);
-        EXPECT_EQ(r.code, 2) << flags << "\n" << r.output;
-        EXPECT_NE(r.output.find("--ladder runs every stage itself"), std::string::npos) << r.output;
-    }
+                              "--chunked", "--untied=2"})
+        expect_exit(std::string("--ladder --plan --config tiny ") + flags, 2, "--ladder runs every stage itself");
 }
 
 TEST(Ladder, PlansTheTalksNodeUnlessToldOtherwise) {
