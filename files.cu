@@ -651,7 +651,6 @@ std::vector<float> read_hf_weights(const Model& m, const std::string& path) {
 void load_hf_checkpoint(Model& m, const std::string& path, cudaStream_t s) {
     std::vector<float> local = read_hf_weights(m, path);
     CUDA_CHECK(cudaMemcpy(m.master, local.data(), m.local_params * sizeof(float), cudaMemcpyHostToDevice));
-    convert_f32_to_bf16(m.weights, m.master, m.local_params, s);
     CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.local_params * sizeof(float), s));
     CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.local_params * sizeof(float), s));
     CUDA_CHECK(cudaStreamSynchronize(s));
@@ -847,7 +846,6 @@ bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t*
         CUDA_CHECK(cudaMemcpy(arr, p, m.local_params * sizeof(float), cudaMemcpyHostToDevice));
         p += m.local_params * sizeof(float);
     }
-    convert_f32_to_bf16(m.weights, m.master, m.local_params, s);
     CUDA_CHECK(cudaStreamSynchronize(s));
     *step = h.step;
     *data_state = (uint64_t)h.data_state;

@@ -1,49 +1,57 @@
 // fsdp.cu - parameters across GPUs: replicated (ladder stage 0) or fully sharded (--fsdp,
 // stage 1; the talk at 05:14).
 //
-// Replicated. Every GPU holds every parameter with its fp32 master copy, gradient and AdamW
-// moments (18 bytes per parameter: 4 + 4 + 4 + 4 + the bf16 compute copy). Each GPU trains on
-// its own sequences; once a unit's gradient is complete in the backward it is all-reduced
-// (summed) on a communication stream while the backward goes on, and every GPU applies the
-// same AdamW step.
+// Model states are 16 bytes per parameter wherever they live: the fp32 master weights, their
+// gradient and the two AdamW moments. The bf16 weights that the GEMMs read exist only for the
+// units in use: a unit's bf16 copy is made from the fp32 master just before the unit is used,
+// into one of two unit slots (the one in use and the next, prepared ahead on the communication
+// stream while compute runs). A unit is the embedding (0), a layer (1 + l) or the head (L + 1:
+// final norm and, untied, the LM head matrix).
 //
-// Fully sharded (FSDP, ZeRO-3). The parameters come in units: the embedding, each transformer
-// layer, the head (final norm and, untied, the LM head matrix). Each unit is one flat buffer,
-// padded to a multiple of N x 128 elements and cut into N equal shards; GPU r keeps only shard
-// r of every unit, with its master weights, gradient and moments. So model states per GPU are
+// Replicated. Every GPU holds every parameter's model states. Each GPU trains on its own
+// sequences; once a unit's gradient is complete in the backward it is all-reduced (summed) on
+// the communication stream while the backward goes on, and every GPU applies the same AdamW
+// step. The two slots are bf16 copies of the unit, converted from the master:
 //
-//     18 bytes x parameters / N            (Llama 3.1 8B on 8 GPUs: 16.8 GiB; the paper's 15.0
-//                                           GiB, docs/reference.md, counts 16: no bf16 shard)
+//     16 bytes x parameters + 2 x 2 bytes x the largest unit
 //
-// plus communication buffers (category "comm"): two gathered units in bf16 (the one in use and
-// the next, prefetched) and two unit-sized fp32 gradient buffers, used in turn (one accumulates
-// while the other is reduce-scattered), 12 bytes x the largest unit, and one fp32 shard that
-// receives each reduce-scatter, 4 bytes x the largest shard. Just before a unit is used its
-// bf16 shards are all-gathered into a slot; the next unit's gather is already running on the
-// communication stream; a slot is refilled only after the compute stream has released it. In
-// the backward each layer is gathered again, its gradient accumulates in fp32 into a unit
-// buffer, and as soon as the layer is done that buffer is reduce-scattered: every GPU receives
-// the sum of its shard over all GPUs and adds it to its gradient shard. AdamW then updates
-// each GPU's shard; gradient clipping sums the shards' squares over all GPUs.
+// Fully sharded (FSDP, ZeRO-3). Each unit is one flat buffer, padded to a multiple of N x 128
+// elements and cut into N equal shards; GPU r keeps only shard r of every unit, with its master
+// weights, gradient and moments. So model states per GPU are
 //
-// Cost: every step gathers the parameters twice in bf16 (in the forward and in the backward; a
-// tied embedding once more, for the head) and reduce-scatters the gradients once in fp32, all
-// overlapped with compute.
+//     16 bytes x parameters / N            (Llama 3.1 8B on 8 GPUs: 15.0 GiB, the paper's figure,
+//                                           docs/reference.md)
+//
+// plus communication buffers (category "comm"): the two unit slots in bf16 and two unit-sized
+// fp32 gradient buffers, used in turn (one accumulates while the other is reduce-scattered), 12
+// bytes x the largest unit, and one fp32 shard that receives each reduce-scatter, 4 bytes x the
+// largest shard. To fill a slot, each GPU converts its fp32 shard to bf16 in its own place of the
+// slot and the slot is all-gathered in place; a slot is refilled only after the compute stream
+// has released it. In the backward each layer is gathered again, its gradient accumulates in
+// fp32 into a unit buffer, and as soon as the layer is done that buffer is reduce-scattered:
+// every GPU receives the sum of its shard over all GPUs and adds it to its gradient shard. AdamW
+// then updates each GPU's shard; gradient clipping sums the shards' squares over all GPUs.
+//
+// Cost: every step converts and gathers the parameters twice in bf16 (in the forward and in the
+// backward; a tied embedding once more, for the head) and reduce-scatters the gradients once in
+// fp32, all overlapped with compute. The conversion reads 4 and writes 2 bytes per parameter of
+// this GPU's share, twice a step: about 6 x 2 x 8.0e9 / N bytes for 8B, milliseconds.
 //
 // Where --fsdp changes the step:
 //   llama.cu declare_model_states   model states hold this GPU's shards (fsdp_local_params)
-//   fsdp_declare_buffers            two gathered-unit slots and two unit-gradient slots (comm)
-//   llama.cu model_forward_backward fsdp_acquire / fsdp_release around each use of a unit's
-//                                   weights; fsdp_grad_begin / fsdp_grad_end around each unit's
-//                                   backward (the reduce-scatter); fsdp_step_begin / _end
+//   fsdp_declare_buffers            the unit slots are gathered (comm), two unit-gradient slots
+//   llama.cu model_forward_backward fsdp_grad_begin / fsdp_grad_end around each unit's
+//                                   backward (the reduce-scatter); fsdp_acquire / fsdp_release
+//                                   around each use of a unit's weights (both paths: the slots)
 //   llama.cu model_init_weights, model_optimizer_step
 //                                   each GPU initializes and updates its own shard
 //                                   (fsdp_segments); the gradient norm sums over the shards
 //   llama.cu model_allocate, model_free   fsdp_create / fsdp_destroy (events, slots zeroed)
 //   files.cu                        each GPU reads and writes only its shards
 //   train.cpp dump_first_step       --dump gathers every gradient whole (fsdp_full_gradients)
-// Without --fsdp the same calls run the replicated path: weights are views into the full copy
-// and fsdp_grad_end all-reduces a unit's gradient when more than one GPU trains.
+// Without --fsdp the same calls run the replicated path: the slots are filled by conversion
+// alone, gradients are views into the full array, and fsdp_grad_end all-reduces a unit's
+// gradient when more than one GPU trains.
 #include <algorithm>
 #include <memory>
 
@@ -54,8 +62,8 @@ struct Fsdp {
     int world = 1, rank = 0;
     std::vector<int64_t> padded, shard, shard_offset;  // per unit
     int64_t max_padded = 0, max_shard = 0;
-    // Sharded only: the slots.
-    bf16* weight_slot[2] = {};
+    bf16* weight_slot[2] = {};  // the bf16 weights of the unit in use and of the next
+    // Sharded only: gradient slots.
     float* grad_slot[2] = {};
     float* reduced_shard = nullptr;  // one shard, fresh from a reduce-scatter
     struct WeightSlot {
@@ -110,27 +118,28 @@ void fsdp_declare_buffers(Model& m, Arena& A) {
     const int U = m.layout.num_units();
     m.unit_w.assign(U, nullptr);
     m.unit_g.assign(U, nullptr);
-    if (!f.sharded) {  // compute uses this GPU's full copy directly
-        for (int u = 0; u < U; u++) {
-            if (m.weights) m.unit_w[u] = m.weights + m.layout.unit_begin[u];
+    // The bf16 weights of two units: gathered under --fsdp (comm), converted locally without.
+    const MemCategory slot_category = f.sharded ? MEM_COMM : MEM_MODEL;
+    for (int k = 0; k < 2; k++)
+        f.weight_slot[k] = A.take<bf16>((f.sharded ? "FSDP gathered unit " : "bf16 weights, unit slot ") +
+                                            std::to_string(k), slot_category, f.max_padded);
+    if (!f.sharded) {  // gradients accumulate in this GPU's full array directly
+        for (int u = 0; u < U; u++)
             if (m.grad) m.unit_g[u] = m.grad + m.layout.unit_begin[u];
-        }
         return;
     }
-    for (int k = 0; k < 2; k++) {
-        f.weight_slot[k] = A.take<bf16>("FSDP gathered unit " + std::to_string(k), MEM_COMM, f.max_padded);
+    for (int k = 0; k < 2; k++)
         f.grad_slot[k] = A.take<float>("FSDP unit gradient " + std::to_string(k), MEM_COMM, f.max_padded);
-    }
     f.reduced_shard = A.take<float>("FSDP reduce-scatter shard", MEM_COMM, f.max_shard);
 }
 
 void fsdp_create(Model& m) {
     Fsdp& f = *m.fsdp;
     auto event = [](cudaEvent_t* e) { CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming)); };
-    event(&f.mark);  // orders the communication stream after compute (replicated too)
-    if (!f.sharded) return;
+    event(&f.mark);  // orders the communication stream after compute
     for (int k = 0; k < 2; k++) {
-        event(&f.ws[k].gathered), event(&f.ws[k].released), event(&f.gs[k].reduced);
+        event(&f.ws[k].gathered), event(&f.ws[k].released);
+        if (f.sharded) event(&f.gs[k].reduced);
         // Zero once: under --sim-world a gather fills only rank 0's shard of a slot.
         CUDA_CHECK(cudaMemset(f.weight_slot[k], 0, f.max_padded * sizeof(bf16)));
     }
@@ -156,7 +165,6 @@ static void comm_after_compute(Model& m, cudaStream_t s) {
 void fsdp_step_begin(Model& m, cudaStream_t s) {
     Fsdp& f = *m.fsdp;
     CUDA_CHECK(cudaMemsetAsync(m.grad, 0, m.local_params * sizeof(float), s));
-    if (!f.sharded) return;
     const int L = m.cfg.n_layers;
     f.order.clear();
     for (int u = 0; u <= L + 1; u++) f.order.push_back(u);   // embedding, layers, head
@@ -164,10 +172,19 @@ void fsdp_step_begin(Model& m, cudaStream_t s) {
     for (int u = L; u >= 1; u--) f.order.push_back(u);        // the backward's layers
     f.next_gather = 0;
     for (auto& w : f.ws) w.free = true, w.unit = -1;
-    comm_after_compute(m, s);  // the optimizer has written the shards about to be gathered
+    comm_after_compute(m, s);  // the optimizer has written the master weights about to be converted
 }
 
-// Start gathering the next units of the order into free slots.
+// Fill slot k with unit u's bf16 weights, on the communication stream: this GPU's fp32 master
+// (its shard, in the shard's place of the slot) converted, then under --fsdp gathered in place.
+static void fill_slot(Model& m, int k, int u) {
+    Fsdp& f = *m.fsdp;
+    bf16* own = f.weight_slot[k] + (f.sharded ? (int64_t)f.rank * f.shard[u] : 0);
+    convert_f32_to_bf16(own, m.master + f.shard_offset[u], f.shard[u], m.comm_stream);
+    if (f.sharded) m.comm_fsdp->all_gather(f.weight_slot[k], own, f.shard[u], DType::BF16, m.comm_stream);
+}
+
+// Start filling the next units of the order into free slots.
 static void gather_ahead(Model& m) {
     Fsdp& f = *m.fsdp;
     for (int k = 0; k < 2 && f.next_gather < f.order.size(); k++) {
@@ -175,8 +192,7 @@ static void gather_ahead(Model& m) {
         if (!w.free) continue;
         int u = f.order[f.next_gather++];
         if (w.used) CUDA_CHECK(cudaStreamWaitEvent(m.comm_stream, w.released, 0));
-        m.comm_fsdp->all_gather(f.weight_slot[k], m.weights + f.shard_offset[u], f.shard[u], DType::BF16,
-                                m.comm_stream);
+        fill_slot(m, k, u);
         CUDA_CHECK(cudaEventRecord(w.gathered, m.comm_stream));
         w.unit = u, w.free = false, w.used = true;
     }
@@ -190,7 +206,6 @@ static int slot_of(Fsdp& f, int u) {
 
 void fsdp_acquire(Model& m, int u, cudaStream_t s) {
     Fsdp& f = *m.fsdp;
-    if (!f.sharded) return;
     gather_ahead(m);
     int k = slot_of(f, u);
     CUDA_CHECK(cudaStreamWaitEvent(s, f.ws[k].gathered, 0));
@@ -199,7 +214,6 @@ void fsdp_acquire(Model& m, int u, cudaStream_t s) {
 
 void fsdp_release(Model& m, int u, cudaStream_t s) {
     Fsdp& f = *m.fsdp;
-    if (!f.sharded) return;
     int k = slot_of(f, u);
     CUDA_CHECK(cudaEventRecord(f.ws[k].released, s));
     f.ws[k].free = true;
@@ -253,8 +267,7 @@ void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s) {
     m.unit_g[u] = nullptr;
 }
 
-void fsdp_step_end(Model& m, cudaStream_t s) {
-    if (m.world == 1 && !m.fsdp->sharded) return;
+void fsdp_step_end(Model& m, cudaStream_t s) {  // the optimizer writes what the slots were made from
     CUDA_CHECK(cudaEventRecord(m.fsdp->mark, m.comm_stream));
     CUDA_CHECK(cudaStreamWaitEvent(s, m.fsdp->mark, 0));
 }

@@ -37,7 +37,7 @@
 //   model_forward_backward  fsdp_* around each unit (fsdp.cu), offload_* around each layer
 //                           (offload.cu)
 //   layer_forward           untied_attention_forward (untied.cu) in place of the attention
-//                           sub-block; offload_save_attention
+//                           sub-block; offload_after_attention_forward
 //   layer_backward          recompute_attention (checkpointing.cu); untied_attention_backward
 //   qkv_of_tokens, dqkv_of_tokens, self_attention_*   Ulysses's staging and all-to-alls (ulysses.cu)
 //   qkv_backward, mlp_backward   recompute_attention_norm, recompute_mlp_inputs (checkpointing.cu)
@@ -623,7 +623,7 @@ void sum_squares(float* out, const float* x, int64_t n, float* scratch, cudaStre
 
 // =============================================================================================
 // AdamW (torch.optim.AdamW): decoupled decay, bias-corrected moments, bf16 copy written.
-__global__ void adamw_kernel(float* p, bf16* w, const float* g, float* m, float* v, int64_t n,
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n,
                              AdamW o, bool decay, const float* grad_scale, float bc1,
                              float bc2_sqrt) {
     float gs = *grad_scale;
@@ -638,16 +638,15 @@ __global__ void adamw_kernel(float* p, bf16* w, const float* g, float* m, float*
         if (decay) pi *= 1.f - o.lr * o.weight_decay;
         pi -= (o.lr / bc1) * mi / (sqrtf(vi) / bc2_sqrt + o.eps);
         p[i] = pi;
-        w[i] = __float2bfloat16(pi);
     }
 }
 
-void adamw_update(float* master, bf16* weights, const float* grad, float* m, float* v,
+void adamw_update(float* master, const float* grad, float* m, float* v,
                   int64_t n, const AdamW& o, bool decay, const float* grad_scale,
                   cudaStream_t s) {
     float bc1 = 1.f - std::pow(o.beta1, (float)o.step);
     float bc2_sqrt = std::sqrt(1.f - std::pow(o.beta2, (float)o.step));
-    adamw_kernel<<<grid_for(n, 256), 256, 0, s>>>(master, weights, grad, m, v, n, o, decay,
+    adamw_kernel<<<grid_for(n, 256), 256, 0, s>>>(master, grad, m, v, n, o, decay,
                                                    grad_scale, bc1, bc2_sqrt);
     CUDA_CHECK_LAUNCH();
 }
@@ -725,8 +724,8 @@ void init_constant(float* x, int64_t n, float value, cudaStream_t s) {
 // step (ladder stage 0) keeps, per token and layer, in bytes:
 //   other:     2 (4 D + 3 F) + 8          (x_in, xn1, x_mid, xn2, h13, act; two rstd)
 //   attention: 2 (qkv_dim + Hq d) + 4 Hq  (qkv, att, lse)
-// plus logits 2 V per token, and 18 bytes per parameter for model states (fp32 master, grad,
-// two AdamW moments, bf16 compute copy).
+// plus logits 2 V per token, and 16 bytes per parameter for model states (fp32 master, grad,
+// two AdamW moments; the bf16 weights exist only for the two units in use, fsdp.cu).
 static ActivationPlan plain_plan(const Model& m) {
     ActivationPlan p;  // every activation kept per layer
     p.chunk_rows = p.loss_rows = m.shape.tokens();  // every layer and the head take all tokens at once
@@ -737,7 +736,7 @@ static ActivationPlan plain_plan(const Model& m) {
 static int64_t slot_count(Hold h, int64_t layers) {
     switch (h) {
         case Hold::PER_LAYER: return layers;
-        case Hold::ON_HOST: return 2;  // staging: layer l uses slot l % 2
+        case Hold::ON_HOST: return 1;  // staging: every layer uses the one slot
         case Hold::SHARED: return 1;
         case Hold::NONE: return 0;
     }
@@ -747,7 +746,7 @@ static int64_t slot_count(Hold h, int64_t layers) {
 template <class T>
 static T* slot(T* base, Hold h, int64_t l, int64_t size) {
     if (!base || h == Hold::NONE) return nullptr;
-    const int64_t index = h == Hold::PER_LAYER ? l : h == Hold::ON_HOST ? l % 2 : 0;
+    const int64_t index = h == Hold::PER_LAYER ? l : 0;
     return base + index * size;
 }
 
@@ -761,13 +760,13 @@ static T* take_activation(Model& m, Arena& A, const char* name, MemCategory cat,
 }
 
 static void declare_model_states(Model& m, Arena& A) {
-    // 18 bytes per parameter: all of them, or (--fsdp) this GPU's shards.
+    // 16 bytes per parameter: all of them, or (--fsdp) this GPU's shards. The bf16 weights that
+    // compute reads exist only for the units in use (fsdp.cu).
     const int64_t P = m.local_params = fsdp_local_params(m.cfg, m.opt.fsdp, m.world);
     m.master = A.take<float>("master weights (fp32)", MEM_MODEL, P);
     m.grad = A.take<float>("gradients (fp32)", MEM_MODEL, P);
     m.adam_m = A.take<float>("AdamW first moment", MEM_MODEL, P);
     m.adam_v = A.take<float>("AdamW second moment", MEM_MODEL, P);
-    m.weights = A.take<bf16>("weights (bf16 compute copy)", MEM_MODEL, P);
 }
 
 // Every layer's activations, as the plan holds them.
@@ -936,7 +935,6 @@ void model_init_weights(Model& m, uint64_t seed, cudaStream_t s) {
         if (t.rows == 1) init_constant(p, seg.count, 1.0f, s);
         else init_normal(p, seg.count, 0.02f, tensor_seed, s, seg.tensor_offset);
     }
-    convert_f32_to_bf16(m.weights, m.master, m.local_params, s);
     CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.local_params * sizeof(float), s));
     CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.local_params * sizeof(float), s));
     CUDA_CHECK(cudaStreamSynchronize(s));
@@ -1098,7 +1096,7 @@ static void layer_forward(Model& m, int l, cudaStream_t s) {
         FOR_EACH_CHUNK(m, t0, t1) qkv_forward(m, l, t0, t1, s);
         self_attention_forward(m, l, s);
     }
-    offload_save_attention(m, l, s);  // offload.cu: att and lse to the host (--ckpt=selective)
+    offload_after_attention_forward(m, l, s);  // offload.cu: att, lse out; the input saved before the MLP overwrites it
     FOR_EACH_CHUNK(m, t0, t1) mlp_forward(m, l, t0, t1, s);
 }
 
@@ -1210,14 +1208,14 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
 // Each point is one progress event of the last step, timed on the GPU.
 std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena) {
     const int L = m.cfg.n_layers;
-    // The host holds the block inputs of layers 0 .. L-2 (and with --ckpt=selective their
-    // attention outputs and lse): input l+1 is copied out right after layer l's forward, the
-    // attention output of layer l with it; the backward frees them from the last layer down.
+    // The host holds the block inputs of every layer (and with --ckpt=selective the attention
+    // outputs and lse of layers 0 .. L-2): input l+1 is copied out right after layer l's forward,
+    // the attention output of layer l with it; the backward frees them from the last layer down.
     const int64_t T = m.shape.tokens();
     const int64_t host_x = m.plan.x_in == Hold::ON_HOST ? T * m.cfg.dim * 2 : 0;
     const int64_t host_att = m.plan.att == Hold::ON_HOST ? T * m.cfg.q_dim() * 2 + m.lse_elems * 4 : 0;
     auto host_at = [&](int inputs, int atts) {
-        return host_x * std::min(inputs, L - 1) + host_att * std::min(atts, L - 1);
+        return host_x * std::min(inputs, L) + host_att * std::min(atts, L - 1);
     };
     std::vector<MemTracePoint> pts;
     auto add = [&](const char* point, int layer, int event, int held, int64_t host) {
@@ -1246,7 +1244,7 @@ void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaS
     if (m.opt.fsdp && m.world > 1) m.comm->all_reduce(m.scalars + 1, 1, DType::F32, s);
     clip_scale(m.scalars + 2, m.scalars + 1, max_grad_norm, s);
     for (const ParamSegment& seg : fsdp_segments(m))
-        adamw_update(m.master + seg.local, m.weights + seg.local, m.grad + seg.local, m.adam_m + seg.local,
+        adamw_update(m.master + seg.local, m.grad + seg.local, m.adam_m + seg.local,
                      m.adam_v + seg.local, seg.count, opt, seg.tensor->decay, m.scalars + 2, s);
 }
 

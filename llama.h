@@ -157,12 +157,13 @@ void sum_squares(float* out, const float* x, int64_t n, float* scratch, cudaStre
 int64_t sum_scratch_floats();
 
 // AdamW on n values (torch.optim.AdamW semantics), grads first multiplied by *grad_scale (a
-// device value, so clipping needs no host round trip); bf16 copy of the new weights written.
+// device value, so clipping needs no host round trip). The bf16 weights are made from the
+// master when a unit is next used (fsdp.cu).
 struct AdamW {
     float lr, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
     int step;  // counts from 1
 };
-void adamw_update(float* master, bf16* weights, const float* grad, float* m, float* v,
+void adamw_update(float* master, const float* grad, float* m, float* v,
                   int64_t n, const AdamW& opt, bool decay, const float* grad_scale,
                   cudaStream_t s);
 // grad_scale = min(1, max_norm / (sqrt(*sumsq) + 1e-6)), on the device.
@@ -266,7 +267,7 @@ struct StepOptions {
 // once from model_declare_buffers, and the buffers are then declared from the plan alone.
 enum class Hold {
     PER_LAYER,  // one slot per layer, kept from the layer's forward to its backward
-    ON_HOST,    // kept per layer in pinned host memory, staged through two device slots (offload.cu)
+    ON_HOST,    // kept per layer in pinned host memory, staged through one device slot (offload.cu)
     SHARED,     // one slot for all layers, used by the layer at hand (a forward activation in
                 // a shared slot is recomputed in the backward: checkpointing.cu)
     NONE,       // not in the plain model's buffers: a technique holds it in its own (ulysses.cu, untied.cu)
@@ -317,10 +318,10 @@ struct Model {
     // Model states (category "model"): this GPU's parameters, all of them (param_layout offsets)
     // or, under --fsdp, its shard of every unit (fsdp.cu). local_params elements each.
     float *master = nullptr, *grad = nullptr, *adam_m = nullptr, *adam_v = nullptr;
-    bf16* weights = nullptr;
     int64_t local_params = 0;
-    // The weights and the gradient accumulation buffer of each unit as compute sees them: views
-    // into the arrays above, or (--fsdp) gathered copies and per-unit gradient buffers.
+    // The weights and the gradient accumulation buffer of each unit as compute sees them: the
+    // unit's bf16 slot while it is acquired (fsdp.cu); a view into grad, or (--fsdp) a per-unit
+    // gradient buffer.
     std::vector<bf16*> unit_w;
     std::vector<float*> unit_g;
     // Communication: the world (identity on one GPU); FSDP's collectives run on their own
@@ -536,10 +537,12 @@ void offload_destroy(Model& m);
 // The step's hooks; each does nothing without --offload.
 void offload_step_begin(Model& m, cudaStream_t s);
 void offload_save_block_input(Model& m, int l, cudaStream_t s);  // layer l's x_in is complete: copy it out
-void offload_before_layer_forward(Model& m, int l, cudaStream_t s);  // its staging slots are free
-void offload_save_attention(Model& m, int l, cudaStream_t s);    // layer l's att, lse are complete
+void offload_before_layer_forward(Model& m, int l, cudaStream_t s);  // the att slot is free
+// Layer l's att, lse are complete (=selective: to the host); its MLP is about to write the layer's
+// output over the input in the one slot, once the input's copy is done.
+void offload_after_attention_forward(Model& m, int l, cudaStream_t s);
 void offload_after_layer_forward(Model& m, int l, cudaStream_t s);  // x_out is the next x_in: copy it out
-void offload_before_layer_backward(Model& m, int l, cudaStream_t s);  // l's kept tensors resident; fetch l-1's
+void offload_before_layer_backward(Model& m, int l, cudaStream_t s);  // l's kept tensors back in the slot
 void offload_after_layer_backward(Model& m, int l, cudaStream_t s);
 // Event timeline of the last step (--timeline): compute per layer and each copy, in ms.
 struct TimelineEntry {

@@ -4,38 +4,40 @@
 // Under --ckpt (which --offload implies) each layer keeps only its block input x_in (and under
 // --ckpt=selective its attention output and lse); everything else is recomputed. Those kept
 // tensors still grow with the depth: L x T x 2D bytes of block inputs. With --offload they go to
-// pinned host memory as soon as they are produced, on a copy stream; in the backward, while
-// layer l runs, layer l-1's are already being copied back. The device keeps two staging slots
-// for them (double buffering):
-//   forward:  layer l reads slot l % 2 and writes its output into slot (l+1) % 2, after the copy
-//             that was emptying that slot (layer l-1's input) has finished;
-//   backward: layer l waits for its slot's copy, then the copy of layer l-1 into the other slot
-//             starts as soon as everything queued before it (layer l+1, which used that slot)
-//             is done.
+// pinned host memory as soon as they are produced, on a copy stream, and come back for the
+// layer's backward. The device keeps one staging slot for them:
+//   forward:  layer l reads its input from the slot while the copy of that input to the host
+//             runs beside its attention; its MLP then writes the layer's output over the input,
+//             chunk by chunk (the output's rows t0..t1 need only the input's rows t0..t1), after
+//             that copy is done. The last layer's output, the head's input, ends in the slot too,
+//             so every layer's input goes to the host, the last one included;
+//   backward: layer l's kept tensors are copied into the slot once layer l+1 is done with it.
 // Ordering is by CUDA events between the compute stream and the copy stream only; nothing
-// synchronizes the device. The last layer's input never leaves: the first layer of the
-// backward needs it at once. Pinned memory is allocated once, since pinning is slow
+// synchronizes the device. Pinned memory is allocated once, since pinning is slow
 // (docs/reference.md), and reused by every step.
 //
 // Memory per GPU, for T local tokens and L layers (bytes):
-//   device: (L + 1) T 2D -> 2 T 2D  (the residual stream: every layer's input and the last
-//           output; =selective: and L -> 2 slots of T (2 Hq d + 4 Hq))
-//   host:   (L - 1) T (2 D [+ 2 Hq d + 4 Hq])
-// Cost: host-device traffic, hidden when a layer's copy takes less time than its compute. A
-// layer's input is 2 D bytes per token (8 KiB for 8B): at a pinned copy's bandwidth (about 55
-// GB/s, docs/reference.md) that is 0.15 us per token, against about 3.3 us per token of the
-// layer's GEMMs alone (6 FLOPs x 218 M parameters, at 400 TFLOP/s), before attention, which
-// grows with the context. So the copies hide with a wide margin at any context length.
+//   device: (L + 1) T 2D -> T 2D  (the residual stream: every layer's input and the last
+//           output; =selective: and L T (2 Hq d + 4 Hq) -> one slot of T (2 Hq d + 4 Hq))
+//   host:   L T 2 D [+ (L - 1) T (2 Hq d + 4 Hq)]  (the last layer's attention output stays)
+// Cost: host-device traffic. In the forward it hides: a layer's input is 2 D bytes per token (8
+// KiB for 8B), at a pinned copy's bandwidth (about 55 GB/s, docs/reference.md) 0.15 us per
+// token, against about 3.3 us per token of the layer's GEMMs alone (6 FLOPs x 218 M parameters,
+// at 400 TFLOP/s), before attention, which grows with the context. In the backward the copy back
+// waits for the slot: 0.15 us per token and layer (=selective: about twice that) are exposed,
+// under 0.2% of a layer's backward at 1M tokens and beyond, where attention dominates; a second
+// slot would hide it for T 2D bytes more.
 //
 // Where --offload changes the step:
-//   offload_plan                  x_in (and a kept att, lse) move to the host, two device slots
+//   offload_plan                  x_in (and a kept att, lse) move to the host, one device slot
 //   llama.cu model_allocate       offload_create: the pinned host buffers and the copy stream
 //   llama.cu model_forward_backward
 //                                 offload_save_block_input after the embedding;
 //                                 offload_before/after_layer_forward around each layer;
 //                                 offload_before/after_layer_backward around each layer
-//   llama.cu layer_forward        offload_save_attention (=selective)
-//   llama.cu slot                 layer l's staging slot is l % 2 (Hold::ON_HOST)
+//   llama.cu layer_forward        offload_after_attention_forward: att, lse out (=selective);
+//                                 the MLP's output may overwrite the input
+//   llama.cu slot                 every layer's staging slot is the one slot (Hold::ON_HOST)
 //   llama.cu model_free           offload_destroy; model_memory_trace counts the host bytes
 //   train.cpp                     --offload implies --ckpt; the plan prints the host bytes
 // --timeline records this file's copies next to each layer's compute.
@@ -44,14 +46,15 @@
 #include "llama.h"
 
 struct Offload {
-    bf16* host_x = nullptr;     // [L - 1, T, D] block inputs of layers 0 .. L-2
+    bf16* host_x = nullptr;     // [L, T, D] block inputs of every layer
     bf16* host_att = nullptr;   // [L - 1, T, Hq d] attention outputs (selective)
     float* host_lse = nullptr;  // [L - 1, B Hq S]
     int64_t host_bytes = 0;
     cudaStream_t copy = nullptr;
     cudaEvent_t compute_mark = nullptr;    // recorded on the compute stream before each copy
-    cudaEvent_t copied_out[2][2] = {};     // [x_in, att][slot]: the slot's copy to the host is done
-    cudaEvent_t fetched[2] = {};           // [slot]: the slot's copy from the host is done
+    cudaEvent_t x_copied_out = nullptr;    // the slot's block input is on the host
+    cudaEvent_t att_copied_out = nullptr;  // the slot's attention output and lse are on the host
+    cudaEvent_t fetched = nullptr;         // the slot holds the layer's kept tensors again
     cudaEvent_t copy_idle = nullptr;
     // Event timeline (--timeline).
     bool timeline = false;
@@ -76,19 +79,23 @@ void offload_plan(Model& m) {
 
 static bool attention_on_host(const Model& m) { return m.plan.att == Hold::ON_HOST; }
 
+// Layers whose attention output goes to the host: all but the last, which stays in the slot.
+static int64_t host_attention_layers(const Model& m) {
+    return attention_on_host(m) ? std::max(0, m.cfg.n_layers - 1) : 0;
+}
+
 int64_t offload_host_bytes(const Model& m) {
     if (m.plan.x_in != Hold::ON_HOST) return 0;
-    const int64_t kept_layers = std::max(0, m.cfg.n_layers - 1), T = tokens(m);
-    int64_t per_layer = T * m.cfg.dim * 2;
-    if (attention_on_host(m)) per_layer += T * m.cfg.q_dim() * 2 + lse_count(m) * 4;
-    return kept_layers * per_layer;
+    const int64_t T = tokens(m);
+    return m.cfg.n_layers * T * m.cfg.dim * 2 +
+           host_attention_layers(m) * (T * m.cfg.q_dim() * 2 + lse_count(m) * 4);
 }
 
 void offload_create(Model& m) {
     if (m.plan.x_in != Hold::ON_HOST) return;
     Offload* o = new Offload();
     m.offload = o;
-    const int64_t kept = std::max(0, m.cfg.n_layers - 1), T = tokens(m);
+    const int64_t T = tokens(m), kept_att = host_attention_layers(m);
     o->host_bytes = offload_host_bytes(m);
     auto pin = [&](void** p, int64_t bytes, const char* what) {
         if (bytes == 0) return;
@@ -99,19 +106,14 @@ void offload_create(Model& m) {
                                       std::to_string(o->host_bytes / GiB) + " GiB) could not be allocated");
         }
     };
-    pin((void**)&o->host_x, kept * T * m.cfg.dim * 2, "block inputs");
-    if (attention_on_host(m)) {
-        pin((void**)&o->host_att, kept * T * m.cfg.q_dim() * 2, "attention outputs");
-        pin((void**)&o->host_lse, kept * lse_count(m) * 4, "attention lse");
-    }
+    pin((void**)&o->host_x, m.cfg.n_layers * T * m.cfg.dim * 2, "block inputs");
+    pin((void**)&o->host_att, kept_att * T * m.cfg.q_dim() * 2, "attention outputs");
+    pin((void**)&o->host_lse, kept_att * lse_count(m) * 4, "attention lse");
     CUDA_CHECK(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking));
     auto event = [](cudaEvent_t* e) { CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming)); };
     event(&o->compute_mark);
     event(&o->copy_idle);
-    for (int k = 0; k < 2; k++) {
-        event(&o->fetched[k]);
-        for (int j = 0; j < 2; j++) event(&o->copied_out[j][k]);
-    }
+    event(&o->x_copied_out), event(&o->att_copied_out), event(&o->fetched);
 }
 
 void offload_destroy(Model& m) {
@@ -121,10 +123,7 @@ void offload_destroy(Model& m) {
     cudaFreeHost(o->host_x), cudaFreeHost(o->host_att), cudaFreeHost(o->host_lse);
     for (cudaEvent_t e : o->pool) cudaEventDestroy(e);
     cudaEventDestroy(o->compute_mark), cudaEventDestroy(o->copy_idle);
-    for (int k = 0; k < 2; k++) {
-        cudaEventDestroy(o->fetched[k]);
-        for (int j = 0; j < 2; j++) cudaEventDestroy(o->copied_out[j][k]);
-    }
+    cudaEventDestroy(o->x_copied_out), cudaEventDestroy(o->att_copied_out), cudaEventDestroy(o->fetched);
     cudaStreamDestroy(o->copy);
     delete o;
     m.offload = nullptr;
@@ -158,17 +157,18 @@ static void mark_layer(Model& m, const char* what, int layer, bool begin, cudaSt
     else o.marks.push_back({"compute", what, layer, o.open_mark, timeline_event(o, s)});
 }
 
-// Copy layer p's kept tensors into their staging slot, once the compute stream is here.
-static void prefetch_layer(Model& m, int p, cudaStream_t s) {
+// Copy layer p's kept tensors into the staging slot, once the compute stream is here (the last
+// layer's attention output never left it).
+static void fetch_layer(Model& m, int p, cudaStream_t s) {
     Offload& o = *m.offload;
     const int64_t n = tokens(m) * m.cfg.dim;
     copy_after_compute(m, m.layers[p].x_in, o.host_x + p * n, n * 2, cudaMemcpyHostToDevice, "x_in to device", p, s);
-    if (attention_on_host(m)) {
+    if (p < host_attention_layers(m)) {
         const int64_t na = tokens(m) * m.cfg.q_dim(), nl = lse_count(m);
         copy_after_compute(m, m.layers[p].att, o.host_att + p * na, na * 2, cudaMemcpyHostToDevice, "att to device", p, s);
         copy_after_compute(m, m.layers[p].lse, o.host_lse + p * nl, nl * 4, cudaMemcpyHostToDevice, "lse to device", p, s);
     }
-    CUDA_CHECK(cudaEventRecord(o.fetched[p % 2], o.copy));
+    CUDA_CHECK(cudaEventRecord(o.fetched, o.copy));
 }
 
 void offload_step_begin(Model& m, cudaStream_t s) {
@@ -187,30 +187,32 @@ void offload_step_begin(Model& m, cudaStream_t s) {
 }
 
 void offload_save_block_input(Model& m, int l, cudaStream_t s) {
-    if (!m.offload || l >= m.cfg.n_layers - 1) return;  // the last layer's input stays for the backward
+    if (!m.offload || l >= m.cfg.n_layers) return;  // the last layer's output is the head's input
     Offload& o = *m.offload;
     const int64_t n = tokens(m) * m.cfg.dim;
     copy_after_compute(m, o.host_x + l * n, m.layers[l].x_in, n * 2, cudaMemcpyDeviceToHost, "x_in to host", l, s);
-    CUDA_CHECK(cudaEventRecord(o.copied_out[0][l % 2], o.copy));
-}
-
-void offload_save_attention(Model& m, int l, cudaStream_t s) {
-    if (!m.offload || !attention_on_host(m) || l >= m.cfg.n_layers - 1) return;
-    Offload& o = *m.offload;
-    const int64_t n = tokens(m) * m.cfg.q_dim(), nl = lse_count(m);
-    copy_after_compute(m, o.host_att + l * n, m.layers[l].att, n * 2, cudaMemcpyDeviceToHost, "att to host", l, s);
-    copy_after_compute(m, o.host_lse + l * nl, m.layers[l].lse, nl * 4, cudaMemcpyDeviceToHost, "lse to host", l, s);
-    CUDA_CHECK(cudaEventRecord(o.copied_out[1][l % 2], o.copy));
+    CUDA_CHECK(cudaEventRecord(o.x_copied_out, o.copy));
 }
 
 void offload_before_layer_forward(Model& m, int l, cudaStream_t s) {
     if (!m.offload) return;
     Offload& o = *m.offload;
-    // Layer l writes its output into slot (l+1) % 2, which held layer l-1's input.
-    if (l >= 1) CUDA_CHECK(cudaStreamWaitEvent(s, o.copied_out[0][(l + 1) % 2], 0));
-    // Its attention output goes into slot l % 2, which held layer l-2's.
-    if (attention_on_host(m) && l >= 2) CUDA_CHECK(cudaStreamWaitEvent(s, o.copied_out[1][l % 2], 0));
+    // Layer l's attention output goes into the slot that held layer l-1's.
+    if (attention_on_host(m) && l >= 1) CUDA_CHECK(cudaStreamWaitEvent(s, o.att_copied_out, 0));
     mark_layer(m, "forward", l, true, s);
+}
+
+void offload_after_attention_forward(Model& m, int l, cudaStream_t s) {
+    if (!m.offload) return;
+    Offload& o = *m.offload;
+    if (l < host_attention_layers(m)) {
+        const int64_t n = tokens(m) * m.cfg.q_dim(), nl = lse_count(m);
+        copy_after_compute(m, o.host_att + l * n, m.layers[l].att, n * 2, cudaMemcpyDeviceToHost, "att to host", l, s);
+        copy_after_compute(m, o.host_lse + l * nl, m.layers[l].lse, nl * 4, cudaMemcpyDeviceToHost, "lse to host", l, s);
+        CUDA_CHECK(cudaEventRecord(o.att_copied_out, o.copy));
+    }
+    // The MLP writes the layer's output over its input: the input must be on the host first.
+    CUDA_CHECK(cudaStreamWaitEvent(s, o.x_copied_out, 0));
 }
 
 void offload_after_layer_forward(Model& m, int l, cudaStream_t s) {
@@ -222,8 +224,8 @@ void offload_after_layer_forward(Model& m, int l, cudaStream_t s) {
 void offload_before_layer_backward(Model& m, int l, cudaStream_t s) {
     if (!m.offload) return;
     Offload& o = *m.offload;
-    if (l < m.cfg.n_layers - 1) CUDA_CHECK(cudaStreamWaitEvent(s, o.fetched[l % 2], 0));
-    if (l > 0) prefetch_layer(m, l - 1, s);
+    fetch_layer(m, l, s);  // the slot is free: layer l+1 (or the head) is done with it
+    CUDA_CHECK(cudaStreamWaitEvent(s, o.fetched, 0));
     mark_layer(m, "backward", l, true, s);
 }
 

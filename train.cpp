@@ -381,6 +381,21 @@ static std::string plan_text(const Arena& plan, int64_t host_bytes, double runti
     return os.str();
 }
 
+// The largest buffers of the plan, largest first: where the memory goes, by name.
+static std::string largest_buffers_text(const Arena& plan, size_t n) {
+    std::vector<ArenaEntry> e = plan.entries();
+    std::stable_sort(e.begin(), e.end(), [](const ArenaEntry& a, const ArenaEntry& b) { return a.bytes > b.bytes; });
+    std::ostringstream os;
+    char buf[200];
+    os << "largest buffers:\n";
+    for (size_t i = 0; i < std::min(n, e.size()); i++) {
+        snprintf(buf, sizeof buf, "  %8.3f GiB  %-10s %s\n", e[i].bytes / GiB, mem_category_name(e[i].category),
+                 e[i].name.c_str());
+        os << buf;
+    }
+    return os.str();
+}
+
 // =============================================================================================
 // Logs and reports.
 std::string json_escape(const std::string& s) {
@@ -646,6 +661,7 @@ static int print_plan(Run& r) {
                "fp32 dQ sums also fit (give --mem-cap-gib to see which)\n");
     }
     printf("%s", plan_text(r.arena, r.host_bytes, rt, false).c_str());
+    printf("%s", largest_buffers_text(r.arena, 30).c_str());
     if (o.mem_cap_gib > 0) {
         double need = r.arena.total() / GiB + rt;
         if (need <= o.mem_cap_gib) printf("cap %.2f GiB: fits\n", o.mem_cap_gib);

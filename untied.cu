@@ -15,11 +15,14 @@
 //     all-to-all -> q [S, K d], k, v [S, kv d]; attention; lse of the chunk kept
 //     all-to-all back, straight into the chunk's columns of the one attention output [S/N, Hq d]
 //
-// The backward repeats the chunks: it recomputes the projections, computes the chunk's d out
-// (dres times the chunk's columns of Wo) and delta straight into the send blocks, runs the
-// attention backward, sends dq back at once, and sums dK, dV over the chunks of a KV group in
-// place (the kernel adds to them) before sending them back. Projection weight gradients and the
-// gradient of the normalized input accumulate chunk by chunk (GEMMs with beta = 1).
+// The backward first takes delta = rowsum(d out * out) of every head from the token-sharded
+// attention output (d out = dres times the head's columns of Wo), the output's last use in the
+// layer: its memory then gathers the gradient of the normalized input. Then it repeats the
+// chunks: it recomputes the projections, computes the chunk's d out again straight into the send
+// blocks, runs the attention backward, sends dq back at once, and sums dK, dV over the chunks of
+// a KV group in place (the kernel adds to them) before sending them back. Projection weight
+// gradients and the gradient of the normalized input accumulate chunk by chunk (GEMMs with
+// beta = 1).
 //
 // Memory per GPU (S tokens in the sequence, N GPUs, d head dim, q = Hq/N query heads and
 // kv' = max(1, Hkv/N) KV heads per GPU, K heads per chunk with kv = max(1, K/group) KV heads;
@@ -33,11 +36,14 @@
 //   all-to-all staging (comm category)
 //     plain:  2 x 2 S d (q + 2 kv') (+ 12 S q for delta)
 //     untied: 2 S d (2 K + 2 kv) + 8 S K
-//   and untied keeps the gradient of the normalized input, 2 (S/N) D (other category; the
-//   input itself is recomputed a token chunk at a time wherever a projection needs it).
+//   the gradient of the normalized input, 2 (S/N) D, lives in the attention output's memory
+//   (dead by then; a buffer of its own only if Hq d < D), and the deltas of all heads take
+//   4 (S/N) Hq (the input itself is recomputed a token chunk at a time wherever a projection
+//   needs it).
 // Llama 3.1 8B on 8 GPUs (q = 4, kv' = 1), K = 1: the attention term falls from 48 S d to 22 S d
 // bytes. The cost: q/K all-to-alls per direction instead of one, projection GEMMs of K d
-// columns, and the projections recomputed in the backward.
+// columns, the projections recomputed in the backward, and Wo's input gradient computed twice
+// (2 (S/N) D Hq d FLOPs more per layer, for the deltas taken first).
 //
 // Where --untied changes the step (train.cpp: it implies --ckpt):
 //   untied_plan        q|k|v, their gradient, d att and delta leave the plain model's buffers
@@ -65,7 +71,9 @@ struct Untied {
     bool new_kv(int i) const { return i == 0 || (q_per_gpu >= group && (i * K) % group == 0); }
     bool last_of_kv(int i) const { return i == chunks - 1 || new_kv(i + 1); }
 
-    bf16* dxn1 = nullptr;     // [T, D] d xn1 (the normalized input) of all tokens, summed over chunks
+    bool dxn1_in_att = false;  // d xn1 lives in the layer's attention output (Hq d >= D)
+    bf16* dxn1 = nullptr;     // [T, D] d xn1 (the normalized input) of all tokens, summed over chunks,
+                              // when it has a buffer of its own
     bf16* send = nullptr;     // [N][T, K d] the chunk's q for each destination GPU; then its d out
     bf16* receive = nullptr;  // [N][T, K d] the chunk's output from each GPU; then its dq
     bf16* kv_send = nullptr;  // [N][T, 2 kv d] k|v for each destination GPU; then dk|dv received
@@ -74,7 +82,7 @@ struct Untied {
     bf16* heads_out = nullptr;  // [S, K d] its output, head-sharded; then its d out
     bf16* heads_dq = nullptr;   // [S, K d]
     bf16* heads_dkv = nullptr;  // [S, 2 kv d] summed over the chunks of a KV group
-    float* delta_send = nullptr;     // [N][T, K] delta of the chunk's heads, by destination GPU
+    float* delta_send = nullptr;     // [chunks][N][T, K] delta of every chunk's heads, by destination GPU
     float* delta_receive = nullptr;  // [N][T, K] by source GPU
     float* heads_delta = nullptr;    // [B, K, S] head-sharded, as the attention kernel reads it
 };
@@ -180,7 +188,8 @@ void untied_declare_buffers(Model& m, Arena& A) {
     if (!m.untied) return;
     Untied& p = *m.untied;
     const int64_t w = p.K * p.d, kvw2 = 2 * p.kv * p.d, S = p.S;
-    p.dxn1 = A.take<bf16>("untied: d normalized input", MEM_OTHER, p.T * p.D);
+    p.dxn1_in_att = m.cfg.q_dim() >= m.cfg.dim;
+    if (!p.dxn1_in_att) p.dxn1 = A.take<bf16>("untied: d normalized input", MEM_OTHER, p.T * p.D);
     p.send = A.take<bf16>("untied: q / d out send", MEM_COMM, S * w);
     p.receive = A.take<bf16>("untied: out / dq receive", MEM_COMM, S * w);
     p.kv_send = A.take<bf16>("untied: k|v send (and dk|dv receive)", MEM_COMM, S * kvw2);
@@ -189,7 +198,7 @@ void untied_declare_buffers(Model& m, Arena& A) {
     p.heads_out = A.take<bf16>("untied: out / d out, head-sharded", MEM_ATTENTION, S * w);
     p.heads_dq = A.take<bf16>("untied: dq, head-sharded", MEM_ATTENTION, S * w);
     p.heads_dkv = A.take<bf16>("untied: dk|dv of the KV group", MEM_ATTENTION, S * kvw2);
-    p.delta_send = A.take<float>("untied: delta send", MEM_COMM, S * p.K);
+    p.delta_send = A.take<float>("untied: delta send, every chunk", MEM_COMM, (int64_t)p.chunks * S * p.K);
     p.delta_receive = A.take<float>("untied: delta receive", MEM_COMM, S * p.K);
     p.heads_delta = A.take<float>("untied: delta, head-sharded", MEM_ATTENTION, S * p.K);
 }
@@ -213,37 +222,62 @@ void untied_attention_forward(Model& m, int l, cudaStream_t s) {
     }
 }
 
+namespace {
+
+// d out of chunk i for every destination GPU j, straight into j's send block: dres times the
+// chunk's columns of Wo (Wo's input gradient, one head chunk at a time, so no full-width d out is
+// kept).
+void chunk_dout(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t w = p.K * p.d;
+    for (int j = 0; j < p.sp; j++) {
+        const int64_t col = q_row(c, p.q_first(j, i));  // the chunk's first column of att and Wo
+        gemm_rm(false, false, p.T, w, p.D, m.dres, p.D, m.w(P_WO, l) + col, c.q_dim(), p.send + (int64_t)j * p.T * w,
+                w, false, 1.f, 0.f, nullptr, s);
+    }
+}
+
+// delta = rowsum(d out * out) of every chunk's heads, on the token-sharded side, into the
+// chunks' delta send blocks: the last read of the layer's attention output.
+void all_deltas(Model& m, const Untied& p, int l, cudaStream_t s) {
+    const int64_t w = p.K * p.d, QD = m.cfg.q_dim();
+    for (int i = 0; i < p.chunks; i++) {
+        chunk_dout(m, p, l, i, s);
+        for (int j = 0; j < p.sp; j++) {
+            const int64_t col = q_row(m.cfg, p.q_first(j, i));
+            ulysses_delta(p.delta_send + ((int64_t)i * p.sp + j) * p.T * p.K, p.send + (int64_t)j * p.T * w, w,
+                          m.layers[l].att + col, QD, p.T, p.K, (int)p.d, s);
+        }
+    }
+}
+
+}  // namespace
+
 // On entry m.dres holds d loss / d x_mid (the MLP's backward is done; Wo's weight gradient too)
 // and a.att, a.lse the layer's forward. Adds d loss / d x_in into m.dres and the projection and
 // norm gradients into the unit. m.dres stays d loss / d x_mid until the end (every chunk's d out
-// is taken from it), so the attention side's input gradient gathers in dxn1.
+// is taken from it), so the attention side's input gradient gathers in dxn1: the attention
+// output's memory, once the deltas are taken.
 void untied_attention_backward(Model& m, int l, cudaStream_t s) {
     Untied& p = *m.untied;
     LayerActivations& a = m.layers[l];
     const LlamaConfig& c = m.cfg;
-    const int64_t w = p.K * p.d, kvw = p.kv * p.d, QD = c.q_dim();
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
     const bf16* Wqkv = m.w(P_WQKV, l);
-    const bf16* Wo = m.w(P_WO, l);
     float* dW = m.g(P_WQKV, l);
+    all_deltas(m, p, l, s);
+    bf16* dxn1 = p.dxn1_in_att ? a.att : p.dxn1;
     bool dxn1_written = false;
     auto add_dxn1 = [&](const bf16* dy, int64_t ld, const bf16* Wrows, int64_t rows) {  // dxn1 += dy Wrows
-        gemm_rm(false, false, p.T, p.D, rows, dy, ld, Wrows, p.D, p.dxn1, p.D, false, 1.f,
-                dxn1_written ? 1.f : 0.f, p.dxn1, s);
+        gemm_rm(false, false, p.T, p.D, rows, dy, ld, Wrows, p.D, dxn1, p.D, false, 1.f,
+                dxn1_written ? 1.f : 0.f, dxn1, s);
         dxn1_written = true;
     };
     for (int i = 0; i < p.chunks; i++) {
         untied_project(m, p, l, i, s);
-        // d out of the chunk for every destination, straight into its send block: dres times the
-        // chunk's columns of Wo (Wo's input gradient, one head chunk at a time, so no full-width
-        // d out is kept), and delta = rowsum(d out * out) beside it, on the token-sharded side.
-        for (int j = 0; j < p.sp; j++) {
-            bf16* dout = p.send + (int64_t)j * p.T * w;
-            const int64_t col = q_row(c, p.q_first(j, i));  // the chunk's first column of att and Wo
-            gemm_rm(false, false, p.T, w, p.D, m.dres, p.D, Wo + col, QD, dout, w, false, 1.f, 0.f, nullptr, s);
-            ulysses_delta(p.delta_send + (int64_t)j * p.T * p.K, dout, w, a.att + col, QD, p.T, p.K, (int)p.d, s);
-        }
+        chunk_dout(m, p, l, i, s);
         chunk_all_to_all(m, p, p.heads_out, p.send, p.T * w, DType::BF16, s);  // d out [S, K d]
-        chunk_all_to_all(m, p, p.delta_receive, p.delta_send, p.T * p.K, DType::F32, s);
+        chunk_all_to_all(m, p, p.delta_receive, p.delta_send + (int64_t)i * p.S * p.K, p.T * p.K, DType::F32, s);
         ulysses_transpose_delta(p.heads_delta, p.delta_receive, p.batch, p.seq, p.K, s);
         // Attention backward of the chunk; dK, dV summed over the chunks of a KV group in place.
         AttentionBackwardArgs ba{p.heads_q, p.heads_kv, p.heads_kv + kvw, nullptr, p.heads_out, w, 2 * kvw, 2 * kvw,
@@ -286,7 +320,7 @@ void untied_attention_backward(Model& m, int l, cudaStream_t s) {
     // The attention norm's backward, chunk by chunk (its rstd recomputed): dres += d/dx_in.
     const int64_t D = p.D;
     for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16*) {
-        rmsnorm_backward(m.dres + t0 * D, m.g(P_ATTN_NORM, l), p.dxn1 + t0 * D, a.x_in + t0 * D,
+        rmsnorm_backward(m.dres + t0 * D, m.g(P_ATTN_NORM, l), dxn1 + t0 * D, a.x_in + t0 * D,
                          m.w(P_ATTN_NORM, l), a.rstd1, n, (int)D, true, m.norm_partial, s);
     }, s);
 }

@@ -281,7 +281,6 @@ TEST_F(Optimizer, AdamWMatchesReferenceWithClipping) {
     for (auto* vec : {&p, &g, &m, &v})
         for (auto& x : *vec) x = (double)(float)x;
     DeviceBuffer<float> d_p(n), d_g(n), d_m(n), d_v(n), d_scale(1);
-    DeviceBuffer<bf16> d_w(n);
     upload(d_p, p), upload(d_g, g), upload(d_m, m), upload(d_v, v);
     upload(d_scale, std::vector<double>{0.25});
     AdamW opt;
@@ -291,13 +290,12 @@ TEST_F(Optimizer, AdamWMatchesReferenceWithClipping) {
         SCOPED_TRACE(decay ? "decay" : "no decay");
         std::vector<double> rp = p, rm = m, rv = v;
         upload(d_p, p), upload(d_m, m), upload(d_v, v);
-        adamw_update(d_p, d_w, d_g, d_m, d_v, n, opt, decay, d_scale, 0);
+        adamw_update(d_p, d_g, d_m, d_v, n, opt, decay, d_scale, 0);
         ref::adamw_step(rp.data(), g.data(), rm.data(), rv.data(), n, opt.lr, opt.beta1, opt.beta2, opt.eps,
                         opt.weight_decay, decay, opt.step, 0.25);
         EXPECT_LT(rel_error(download(d_p.ptr, n), rp), TOL_FP32);
         EXPECT_LT(rel_error(download(d_m.ptr, n), rm), TOL_FP32);
         EXPECT_LT(rel_error(download(d_v.ptr, n), rv), TOL_FP32);
-        EXPECT_LT(rel_error(download(d_w.ptr, n), rp), TOL_BF16);
     }
 }
 

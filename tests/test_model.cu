@@ -36,7 +36,6 @@ struct GpuModel {
             for (int64_t i = 0; i < t.numel(); i++) p[t.offset + i] = bf16_round((t.rows == 1 ? 1.0 : 0.0) + v[i]);
         }
         upload(m.master, p);
-        convert_f32_to_bf16(m.weights, m.master, m.layout.total, 0);
         return p;
     }
     double loss() {
