@@ -62,6 +62,9 @@ struct LlamaConfig {
     double rope_theta = 500000.0;
     RopeScaling rope_scaling;
     bool tied_embeddings = false;  // LM head reuses the token embedding
+    // Units of vocabulary rows the embedding and the LM head are cut into (param_layout); 0: as
+    // few as keep each within a layer's size. Tests set it to exercise several pieces.
+    int vocab_pieces = 0;
 
     int64_t q_dim() const { return (int64_t)n_heads * head_dim; }
     int64_t kv_dim() const { return (int64_t)n_kv_heads * head_dim; }
@@ -122,22 +125,30 @@ inline LlamaConfig config_by_name(const std::string& name) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Flat parameter layout.
+// Flat parameter layout, and its units (what FSDP shards, gathers and reduces one at a time).
 //
-// unit 0       : embed        [V, D]
-// unit 1+l     : layer l:  attn_norm [D], wqkv [Hq*d + 2*Hkv*d, D], wo [D, Hq*d],
-//                          mlp_norm [D], w13 [2F, D] (rows 0..F-1 gate, F..2F-1 up), w2 [D, F]
-// unit L+1     : final_norm [D], lm_head [V, D] (only when embeddings are not tied)
+// tensors, in order: embed [V, D]; per layer l: attn_norm [D], wqkv [Hq*d + 2*Hkv*d, D],
+//   wo [D, Hq*d], mlp_norm [D], w13 [2F, D] (rows 0..F-1 gate, F..2F-1 up), w2 [D, F];
+//   final_norm [D]; lm_head [V, D] (only when embeddings are not tied)
+// units, in order (k = vocab_pieces):
+//   0 .. k-1           the embedding, cut into k pieces of vocabulary rows
+//   k + l              layer l
+//   k + L              the final norm
+//   k + L + 1 ..       the LM head, cut the same way (untied only)
+// The vocabulary pieces keep every unit within a layer's size, so FSDP's slots, sized by the
+// largest unit, hold a layer: the embedding and the head of a 128K vocabulary are 2.4 layers each
+// in Llama 3.1 8B (fsdp.cu). A piece's rows start at a multiple of PIECE_ROWS.
 //
 // Matrices are [out_features, in_features] row-major, as in PyTorch/HF. Each tensor starts at a
 // multiple of PARAM_ALIGN elements so every pointer handed to cuBLAS is 256-byte aligned in bf16.
 enum ParamKind { P_EMBED, P_ATTN_NORM, P_WQKV, P_WO, P_MLP_NORM, P_W13, P_W2, P_FINAL_NORM, P_LM_HEAD };
 constexpr int64_t PARAM_ALIGN = 128;
+constexpr int64_t PIECE_ROWS = 128;
 
 struct ParamTensor {
     ParamKind kind;
     int layer;          // -1 outside the transformer layers
-    int unit;           // 0 = embedding, 1+l = layer l, L+1 = head
+    int unit;           // the unit it starts in (the embedding and LM head span k units)
     int64_t offset;     // in elements, from the start of the flat array
     int64_t rows, cols; // a vector has rows = 1
     bool decay;         // AdamW weight decay applies (matrices yes, norm gains no)
@@ -151,8 +162,17 @@ struct ParamLayout {
     std::vector<int64_t> unit_begin;  // unit u spans [unit_begin[u], unit_begin[u+1])
     std::vector<int> by_key;          // key(kind, layer) -> index in tensors, or -1
     int64_t total = 0;                // elements including alignment padding
+    int n_layers = 0;
+    bool tied = false;
+    std::vector<int64_t> piece_row;   // vocabulary piece p holds rows [piece_row[p], piece_row[p + 1])
     int num_units() const { return (int)unit_begin.size() - 1; }
     int64_t unit_size(int u) const { return unit_begin[u + 1] - unit_begin[u]; }
+    int vocab_pieces() const { return (int)piece_row.size() - 1; }
+    int embed_unit(int piece) const { return piece; }
+    int layer_unit(int l) const { return vocab_pieces() + l; }
+    int final_norm_unit() const { return vocab_pieces() + n_layers; }
+    // The LM head's piece: the embedding's under tied embeddings.
+    int head_unit(int piece) const { return tied ? embed_unit(piece) : final_norm_unit() + 1 + piece; }
     static int key(ParamKind kind, int layer) { return (layer + 1) * NUM_PARAM_KINDS + (int)kind; }
     const ParamTensor& find(ParamKind kind, int layer = -1) const {
         int k = key(kind, layer);
@@ -163,28 +183,56 @@ struct ParamLayout {
 
 inline int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
+// Elements of one transformer layer's unit.
+inline int64_t layer_params(const LlamaConfig& c) {
+    auto a = [](int64_t n) { return align_up(n, PARAM_ALIGN); };
+    return 2 * a(c.dim) + a(c.qkv_dim() * c.dim) + a(c.dim * c.q_dim()) + a(2LL * c.ffn_dim * c.dim) +
+           a((int64_t)c.dim * c.ffn_dim);
+}
+
+// Vocabulary pieces: c.vocab_pieces, or as few as keep a piece of V x D within a layer's size.
+inline int vocab_piece_count(const LlamaConfig& c) {
+    if (c.vocab_pieces > 0) return c.vocab_pieces;
+    const int64_t table = (int64_t)c.vocab * c.dim, layer = std::max<int64_t>(1, layer_params(c));
+    return (int)std::max<int64_t>(1, (table + layer - 1) / layer);
+}
+
 inline ParamLayout param_layout(const LlamaConfig& c) {
     ParamLayout lay;
+    lay.n_layers = c.n_layers;
+    lay.tied = c.tied_embeddings;
+    const int k = vocab_piece_count(c);
+    for (int p = 0; p <= k; p++)
+        lay.piece_row.push_back(p == k ? c.vocab : std::min<int64_t>(c.vocab, align_up((int64_t)c.vocab * p / k, PIECE_ROWS)));
     int64_t off = 0;
-    auto add = [&](ParamKind k, int layer, int unit, int64_t rows, int64_t cols, bool decay) {
-        lay.tensors.push_back({k, layer, unit, off, rows, cols, decay});
+    auto add = [&](ParamKind kind, int layer, int unit, int64_t rows, int64_t cols, bool decay) {
+        lay.tensors.push_back({kind, layer, unit, off, rows, cols, decay});
         off = align_up(off + rows * cols, PARAM_ALIGN);
     };
-    lay.unit_begin.push_back(0);
-    add(P_EMBED, -1, 0, c.vocab, c.dim, true);
+    auto begin_unit = [&](int64_t at) {  // the next unit starts at element `at`: its index
+        lay.unit_begin.push_back(at);
+        return (int)lay.unit_begin.size() - 1;
+    };
+    // A table of vocabulary rows: one unit per piece (the table stays one tensor, its pieces
+    // contiguous in the flat array).
+    auto add_table = [&](ParamKind kind) {
+        const int64_t begin = off;
+        add(kind, -1, (int)lay.unit_begin.size(), c.vocab, c.dim, true);
+        for (int p = 0; p < k; p++) begin_unit(begin + lay.piece_row[p] * c.dim);
+    };
+    add_table(P_EMBED);
     for (int l = 0; l < c.n_layers; l++) {
-        lay.unit_begin.push_back(off);
-        add(P_ATTN_NORM, l, 1 + l, 1, c.dim, false);
-        add(P_WQKV, l, 1 + l, c.qkv_dim(), c.dim, true);
-        add(P_WO, l, 1 + l, c.dim, c.q_dim(), true);
-        add(P_MLP_NORM, l, 1 + l, 1, c.dim, false);
-        add(P_W13, l, 1 + l, 2 * (int64_t)c.ffn_dim, c.dim, true);
-        add(P_W2, l, 1 + l, c.dim, c.ffn_dim, true);
+        const int u = begin_unit(off);
+        add(P_ATTN_NORM, l, u, 1, c.dim, false);
+        add(P_WQKV, l, u, c.qkv_dim(), c.dim, true);
+        add(P_WO, l, u, c.dim, c.q_dim(), true);
+        add(P_MLP_NORM, l, u, 1, c.dim, false);
+        add(P_W13, l, u, 2 * (int64_t)c.ffn_dim, c.dim, true);
+        add(P_W2, l, u, c.dim, c.ffn_dim, true);
     }
-    lay.unit_begin.push_back(off);
-    add(P_FINAL_NORM, -1, c.n_layers + 1, 1, c.dim, false);
-    if (!c.tied_embeddings) add(P_LM_HEAD, -1, c.n_layers + 1, c.vocab, c.dim, true);
-    lay.unit_begin.push_back(off);
+    add(P_FINAL_NORM, -1, begin_unit(off), 1, c.dim, false);
+    if (!c.tied_embeddings) add_table(P_LM_HEAD);
+    lay.unit_begin.push_back(off);  // the end of the last unit
     lay.total = off;
     lay.by_key.assign((c.n_layers + 1) * NUM_PARAM_KINDS, -1);
     for (size_t i = 0; i < lay.tensors.size(); i++)

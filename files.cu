@@ -692,15 +692,20 @@ void write_hf_checkpoint(const std::string& dir, const LlamaConfig& c, const Par
         f->write(&hlen, 8);
         f->write(header.data(), header.size());
     }
-    // Then the data, one unit at a time (the layout's tensors are grouped by unit, in order).
-    std::vector<float> unit;
-    int current = -1;
+    // Then the data, unit by unit in layout order: the units a tensor lies in (the embedding and
+    // LM head span several), each fetched once, the last kept for the tensors after it.
+    std::vector<float> units;  // units [first, next) of the layout, concatenated
+    int first = 0, next = 0;
     std::vector<uint8_t> bytes;
     for (auto& o : outs) {
         const ParamTensor& t = *o.t;
-        if (t.unit != current) unit = unit_data(t.unit), current = t.unit;
+        if (t.unit >= next) units.clear(), first = next = t.unit;
+        while (next < lay.num_units() && lay.unit_begin[next] < t.offset + t.numel()) {
+            std::vector<float> u = unit_data(next++);
+            units.insert(units.end(), u.begin(), u.end());
+        }
         if (!lead) continue;
-        const float* src = unit.data() + (t.offset - lay.unit_begin[t.unit]) + o.piece.row0 * t.cols;
+        const float* src = units.data() + (t.offset - lay.unit_begin[first]) + o.piece.row0 * t.cols;
         const int64_t n = o.piece.rows * t.cols;
         bytes.resize(n * eb);
         for (int64_t i = 0; i < n; i++) {
@@ -766,8 +771,9 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
 // =============================================================================================
 // Training state
 namespace {
+// Version 2: the units of the layout (and so the FSDP shards) include the vocabulary pieces.
 struct StateHeader {
-    char magic[8] = {'L', 'L', 'S', 'T', 'A', 'T', 'E', '1'};
+    char magic[8] = {'L', 'L', 'S', 'T', 'A', 'T', 'E', '2'};
     int64_t step, data_state, world, rank, fsdp, local_params, layout_total, dim, layers, vocab;
 };
 }  // namespace
@@ -827,7 +833,10 @@ bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t*
     StateHeader h;
     if (f.size < sizeof h) usage_error("--resume: '" + path + "' is truncated");
     memcpy(&h, f.data, sizeof h);
-    if (memcmp(h.magic, "LLSTATE1", 8) != 0) usage_error("--resume: '" + path + "' is not a training state file");
+    if (memcmp(h.magic, "LLSTATE1", 8) == 0)
+        usage_error("--resume: '" + path + "' was written by an earlier version, whose shards follow other units; "
+                    "its weights can still come in through a --save-to checkpoint and --init-from");
+    if (memcmp(h.magic, "LLSTATE2", 8) != 0) usage_error("--resume: '" + path + "' is not a training state file");
     auto mismatch = [&](const char* what, int64_t file, int64_t now) {
         if (file != now)
             usage_error("--resume: '" + path + "' was written with " + what + " " + std::to_string(file) + ", this run has " +

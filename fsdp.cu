@@ -5,8 +5,9 @@
 // gradient and the two AdamW moments. The bf16 weights that the GEMMs read exist only for the
 // units in use: a unit's bf16 copy is made from the fp32 master just before the unit is used,
 // into one of two unit slots (the one in use and the next, prepared ahead on the communication
-// stream while compute runs). A unit is the embedding (0), a layer (1 + l) or the head (L + 1:
-// final norm and, untied, the LM head matrix).
+// stream while compute runs). A unit is a layer, the final norm, or a piece of vocabulary rows
+// of the embedding or of the untied LM head (common.h param_layout): the pieces keep every unit
+// within a layer's size, so the slots hold a layer.
 //
 // Replicated. Every GPU holds every parameter's model states. Each GPU trains on its own
 // sequences; once a unit's gradient is complete in the backward it is all-reduced (summed) on
@@ -23,18 +24,24 @@
 //                                           docs/reference.md)
 //
 // plus communication buffers (category "comm"): the two unit slots in bf16 and two unit-sized
-// fp32 gradient buffers, used in turn (one accumulates while the other is reduce-scattered), 12
-// bytes x the largest unit, and one fp32 shard that receives each reduce-scatter, 4 bytes x the
-// largest shard. To fill a slot, each GPU converts its fp32 shard to bf16 in its own place of the
-// slot and the slot is all-gathered in place; a slot is refilled only after the compute stream
-// has released it. In the backward each layer is gathered again, its gradient accumulates in
-// fp32 into a unit buffer, and as soon as the layer is done that buffer is reduce-scattered:
-// every GPU receives the sum of its shard over all GPUs and adds it to its gradient shard. AdamW
-// then updates each GPU's shard; gradient clipping sums the shards' squares over all GPUs.
+// fp32 gradient buffers, used in turn (one accumulates while the other is reduce-scattered),
+//
+//     12 bytes x the largest unit          (a layer: 2.4 GiB for 8B; whole 128K-vocabulary
+//                                           tables would make it 5.9 GiB)
+//
+// To fill a slot, each GPU converts its fp32 shard to bf16 in its own place of the slot and the
+// slot is all-gathered in place; a slot is refilled only after the compute stream has released
+// it. In the backward each layer is gathered again, its gradient accumulates in fp32 into a unit
+// buffer, and as soon as the layer is done that buffer is reduce-scattered in place: every GPU
+// receives the sum of its shard over all GPUs in its own place of the buffer and adds it to its
+// gradient shard. AdamW then updates each GPU's shard; gradient clipping sums the shards'
+// squares over all GPUs.
 //
 // Cost: every step converts and gathers the parameters twice in bf16 (in the forward and in the
-// backward; a tied embedding once more, for the head) and reduce-scatters the gradients once in
-// fp32, all overlapped with compute. The conversion reads 4 and writes 2 bytes per parameter of
+// backward; the LM head's pieces twice in the head, llama.cu lm_head_in_pieces; a tied embedding
+// once more, for the head) and reduce-scatters the gradients once in fp32, all overlapped with
+// compute except in the head, whose final norm holds one slot while its pieces pass through the
+// other. The conversion reads 4 and writes 2 bytes per parameter of
 // this GPU's share, twice a step: about 6 x 2 x 8.0e9 / N bytes for 8B, milliseconds.
 //
 // Where --fsdp changes the step:
@@ -65,7 +72,6 @@ struct Fsdp {
     bf16* weight_slot[2] = {};  // the bf16 weights of the unit in use and of the next
     // Sharded only: gradient slots.
     float* grad_slot[2] = {};
-    float* reduced_shard = nullptr;  // one shard, fresh from a reduce-scatter
     struct WeightSlot {
         int unit = -1;
         bool free = true, used = false;
@@ -130,7 +136,6 @@ void fsdp_declare_buffers(Model& m, Arena& A) {
     }
     for (int k = 0; k < 2; k++)
         f.grad_slot[k] = A.take<float>("FSDP unit gradient " + std::to_string(k), MEM_COMM, f.max_padded);
-    f.reduced_shard = A.take<float>("FSDP reduce-scatter shard", MEM_COMM, f.max_shard);
 }
 
 void fsdp_create(Model& m) {
@@ -165,11 +170,16 @@ static void comm_after_compute(Model& m, cudaStream_t s) {
 void fsdp_step_begin(Model& m, cudaStream_t s) {
     Fsdp& f = *m.fsdp;
     CUDA_CHECK(cudaMemsetAsync(m.grad, 0, m.local_params * sizeof(float), s));
-    const int L = m.cfg.n_layers;
+    // The order in which the step acquires the units (llama.cu model_forward_backward).
+    const ParamLayout& lay = m.layout;
+    const int L = m.cfg.n_layers, k = lay.vocab_pieces();
     f.order.clear();
-    for (int u = 0; u <= L + 1; u++) f.order.push_back(u);   // embedding, layers, head
-    if (m.cfg.tied_embeddings) f.order.push_back(0);           // the head's matrix
-    for (int u = L; u >= 1; u--) f.order.push_back(u);        // the backward's layers
+    for (int p = 0; p < k; p++) f.order.push_back(lay.embed_unit(p));  // the lookup
+    for (int l = 0; l < L; l++) f.order.push_back(lay.layer_unit(l));
+    f.order.push_back(lay.final_norm_unit());                            // held through the head
+    for (int pass = 0; pass < (k > 1 ? 2 : 1); pass++)                  // the head: loss, then backward
+        for (int p = 0; p < k; p++) f.order.push_back(lay.head_unit(p));
+    for (int l = L - 1; l >= 0; l--) f.order.push_back(lay.layer_unit(l));  // the backward's layers
     f.next_gather = 0;
     for (auto& w : f.ws) w.free = true, w.unit = -1;
     comm_after_compute(m, s);  // the optimizer has written the master weights about to be converted
@@ -258,9 +268,10 @@ void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s) {
         if (!f.gs[j].free && f.gs[j].unit == u) k = j;
     if (k < 0) throw std::logic_error("FSDP: grad_end without grad_begin");
     comm_after_compute(m, s);
-    m.comm_fsdp->reduce_scatter(f.reduced_shard, f.grad_slot[k], f.shard[u], DType::F32, m.comm_stream);
+    float* own = f.grad_slot[k] + (int64_t)f.rank * f.shard[u];  // in place: the sum of this GPU's shard lands here
+    m.comm_fsdp->reduce_scatter(own, f.grad_slot[k], f.shard[u], DType::F32, m.comm_stream);
     add_kernel<<<(unsigned)std::min<int64_t>((f.shard[u] + 255) / 256, 1 << 16), 256, 0, m.comm_stream>>>(
-        m.grad + f.shard_offset[u], f.reduced_shard, f.shard[u]);
+        m.grad + f.shard_offset[u], own, f.shard[u]);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaEventRecord(f.gs[k].reduced, m.comm_stream));
     f.gs[k].free = true;
@@ -275,15 +286,20 @@ void fsdp_step_end(Model& m, cudaStream_t s) {  // the optimizer writes what the
 std::vector<ParamSegment> fsdp_segments(const Model& m) {
     std::vector<ParamSegment> out;
     const Fsdp& f = *m.fsdp;
-    for (const ParamTensor& t : m.layout.tensors) {
+    const ParamLayout& lay = m.layout;
+    for (const ParamTensor& t : lay.tensors) {
         if (!f.sharded) {
             out.push_back({t.offset, t.numel(), &t, 0});
             continue;
         }
-        // This GPU's shard of the tensor's unit, in layout coordinates.
-        int64_t lo = m.layout.unit_begin[t.unit] + f.rank * f.shard[t.unit], hi = lo + f.shard[t.unit];
-        int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel());
-        if (a < b) out.push_back({f.shard_offset[t.unit] + (a - lo), b - a, &t, a - t.offset});
+        // This GPU's shard of each unit the tensor lies in (the embedding and LM head span
+        // several), in layout coordinates.
+        for (int u = t.unit; u < lay.num_units() && lay.unit_begin[u] < t.offset + t.numel(); u++) {
+            int64_t lo = lay.unit_begin[u] + f.rank * f.shard[u];
+            int64_t hi = std::min(lo + f.shard[u], lay.unit_begin[u + 1]);  // the shard's padding is no tensor's
+            int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel());
+            if (a < b) out.push_back({f.shard_offset[u] + (a - lo), b - a, &t, a - t.offset});
+        }
     }
     return out;
 }

@@ -271,19 +271,19 @@ inline unsigned grid_for(int64_t n, int block) {
 
 // =============================================================================================
 // Embedding
-__global__ void embedding_forward_kernel(bf16* x, const int32_t* tokens, const bf16* embed,
-                                         int64_t T, int D) {
+__global__ void embedding_forward_kernel(bf16* x, const int32_t* tokens, const bf16* rows, int64_t row0,
+                                         int64_t n_rows, int64_t T, int D) {
     int64_t vec_per_row = D / 8;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * vec_per_row;
          i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t = i / vec_per_row, c = (i % vec_per_row) * 8;
-        *(uint4*)(x + t * D + c) = *(const uint4*)(embed + (int64_t)tokens[t] * D + c);
+        int64_t t = i / vec_per_row, c = (i % vec_per_row) * 8, r = (int64_t)tokens[t] - row0;
+        if (r >= 0 && r < n_rows) *(uint4*)(x + t * D + c) = *(const uint4*)(rows + r * D + c);
     }
 }
 
-void embedding_forward(bf16* x, const int32_t* tokens, const bf16* embed, int64_t T, int D,
-                       cudaStream_t s) {
-    embedding_forward_kernel<<<grid_for(T * D / 8, 256), 256, 0, s>>>(x, tokens, embed, T, D);
+void embedding_forward(bf16* x, const int32_t* tokens, const bf16* rows, int64_t row0, int64_t n_rows, int64_t T,
+                       int D, cudaStream_t s) {
+    embedding_forward_kernel<<<grid_for(T * D / 8, 256), 256, 0, s>>>(x, tokens, rows, row0, n_rows, T, D);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -308,10 +308,10 @@ void EmbeddingGroups::build(const int32_t* tokens, int64_t T) {
 }
 
 // One block per distinct token: sum its rows of dx in position order, add to the gradient.
-__global__ void embedding_backward_kernel(float* dembed, const bf16* dx, const int32_t* tok,
+__global__ void embedding_backward_kernel(float* drows, int64_t row0, const bf16* dx, const int32_t* tok,
                                           const int64_t* begin, const int64_t* pos, int D) {
     int64_t gi = blockIdx.x;
-    float* out = dembed + (int64_t)tok[gi] * D;
+    float* out = drows + ((int64_t)tok[gi] - row0) * D;
     for (int c = threadIdx.x * 2; c < D; c += blockDim.x * 2) {
         float2 acc = {0.f, 0.f};
         for (int64_t j = begin[gi]; j < begin[gi + 1]; j++) {
@@ -324,11 +324,11 @@ __global__ void embedding_backward_kernel(float* dembed, const bf16* dx, const i
     }
 }
 
-void embedding_backward(float* dembed, const bf16* dx, const int32_t* group_token,
+void embedding_backward(float* drows, int64_t row0, const bf16* dx, const int32_t* group_token,
                         const int64_t* group_begin, const int64_t* positions, int64_t n_groups,
                         int D, cudaStream_t s) {
     if (n_groups == 0) return;
-    embedding_backward_kernel<<<(unsigned)n_groups, 256, 0, s>>>(dembed, dx, group_token,
+    embedding_backward_kernel<<<(unsigned)n_groups, 256, 0, s>>>(drows, row0, dx, group_token,
                                                                   group_begin, positions, D);
     CUDA_CHECK_LAUNCH();
 }
@@ -522,11 +522,9 @@ void swiglu_backward(bf16* dh13, const bf16* dact, const bf16* h13, int64_t T, i
 // exponentials; pass 2: dlogits = (softmax - onehot) * grad_scale, written over the logits.
 static constexpr int CE_THREADS = 512;
 
-__global__ void cross_entropy_kernel(bf16* logits, float* losses, const int32_t* targets, int V,
-                                     float grad_scale) {
-    int64_t row = blockIdx.x;
-    bf16* lr = logits + row * V;
-    int target = targets[row];
+// A row's max and sum of exp(x - max), over a block of CE_THREADS threads; every thread
+// returns them (blockwise online softmax).
+__device__ void row_max_sumexp(const bf16* lr, int V, float* row_max, float* row_sum) {
     float m = -INFINITY, sum = 0.f, f[8];
     for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
         load8(lr + c, f);
@@ -541,7 +539,7 @@ __global__ void cross_entropy_kernel(bf16* logits, float* losses, const int32_t*
     // whole warp) that saw no element has m = -inf and contributes nothing; exp(m - max) is
     // never evaluated for it (it would be exp(-inf + inf) = NaN).
     __shared__ float sm[CE_THREADS / WARP], ss[CE_THREADS / WARP];
-    __shared__ float row_lse;
+    __shared__ float block_max, block_sum;
     float wm = warp_max(m);
     sum = warp_sum(m == -INFINITY ? 0.f : sum * __expf(m - wm));
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -552,16 +550,34 @@ __global__ void cross_entropy_kernel(bf16* logits, float* losses, const int32_t*
         for (int w = 1; w < (int)blockDim.x / WARP; w++) M = fmaxf(M, sm[w]);
         for (int w = 0; w < (int)blockDim.x / WARP; w++)
             if (sm[w] != -INFINITY) S += ss[w] * __expf(sm[w] - M);
-        row_lse = M + logf(S);
-        losses[row] = target < 0 ? 0.f : row_lse - __bfloat162float(lr[target]);
+        block_max = M, block_sum = S;
     }
     __syncthreads();
-    float lse = row_lse, scale = target < 0 ? 0.f : grad_scale;
+    *row_max = block_max, *row_sum = block_sum;
+}
+
+// d logits = (softmax - one-hot(target)) * scale, in place, for columns col0 .. col0 + V - 1 of
+// the row (target counted from column 0 of the whole vocabulary).
+__device__ void row_softmax_gradient(bf16* lr, int V, int64_t col0, float lse, int target, float scale) {
+    float f[8];
     for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
         load8(lr + c, f);
-        for (int i = 0; i < 8; i++) f[i] = (__expf(f[i] - lse) - (c + i == target)) * scale;
+        for (int i = 0; i < 8; i++) f[i] = (__expf(f[i] - lse) - (col0 + c + i == target)) * scale;
         store8(lr + c, f);
     }
+}
+
+__global__ void cross_entropy_kernel(bf16* logits, float* losses, const int32_t* targets, int V,
+                                     float grad_scale) {
+    int64_t row = blockIdx.x;
+    bf16* lr = logits + row * V;
+    int target = targets[row];
+    float M, S;
+    row_max_sumexp(lr, V, &M, &S);
+    float lse = M + logf(S);
+    if (threadIdx.x == 0) losses[row] = target < 0 ? 0.f : lse - __bfloat162float(lr[target]);
+    __syncthreads();  // the loss has read its logit before the gradient overwrites it
+    row_softmax_gradient(lr, V, 0, lse, target, target < 0 ? 0.f : grad_scale);
 }
 
 void cross_entropy_forward_backward(bf16* logits, float* losses, const int32_t* targets,
@@ -569,6 +585,66 @@ void cross_entropy_forward_backward(bf16* logits, float* losses, const int32_t* 
     if (T == 0) return;
     cross_entropy_kernel<<<(unsigned)T, CE_THREADS, 0, s>>>(logits, losses, targets, V,
                                                             grad_scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The cross-entropy of logits that come in pieces of columns (llama.cu lm_head_in_pieces).
+// Piece by piece: each row's running max and sum of exponentials, and its target's logit.
+__global__ void cross_entropy_piece_stats_kernel(const bf16* logits, int V, int64_t col0, const int32_t* targets,
+                                                 float* run_max, float* run_sum, float* target_logit, bool first) {
+    int64_t row = blockIdx.x;
+    const bf16* lr = logits + row * V;
+    float M, S;
+    row_max_sumexp(lr, V, &M, &S);
+    if (threadIdx.x != 0) return;
+    if (first) {
+        run_max[row] = M, run_sum[row] = S;
+    } else {
+        float m0 = run_max[row], m1 = fmaxf(m0, M);
+        run_sum[row] = run_sum[row] * __expf(m0 - m1) + S * __expf(M - m1);
+        run_max[row] = m1;
+    }
+    int64_t t = (int64_t)targets[row] - col0;
+    if (t >= 0 && t < V) target_logit[row] = __bfloat162float(lr[t]);
+}
+
+void cross_entropy_piece_stats(const bf16* logits, int64_t T, int V, int64_t col0, const int32_t* targets,
+                               float* run_max, float* run_sum, float* target_logit, bool first, cudaStream_t s) {
+    if (T == 0) return;
+    cross_entropy_piece_stats_kernel<<<(unsigned)T, CE_THREADS, 0, s>>>(logits, V, col0, targets, run_max, run_sum,
+                                                                        target_logit, first);
+    CUDA_CHECK_LAUNCH();
+}
+
+// After the last piece: lse = max + log(sum) (in place of the max), and the loss.
+__global__ void cross_entropy_piece_loss_kernel(float* losses, float* max_to_lse, const float* run_sum,
+                                                const float* target_logit, const int32_t* targets, int64_t T) {
+    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < T; t += (int64_t)gridDim.x * blockDim.x) {
+        float lse = max_to_lse[t] + logf(run_sum[t]);
+        max_to_lse[t] = lse;
+        losses[t] = targets[t] < 0 ? 0.f : lse - target_logit[t];
+    }
+}
+
+void cross_entropy_piece_loss(float* losses, float* max_to_lse, const float* run_sum, const float* target_logit,
+                              const int32_t* targets, int64_t T, cudaStream_t s) {
+    if (T == 0) return;
+    cross_entropy_piece_loss_kernel<<<grid_for(T, 256), 256, 0, s>>>(losses, max_to_lse, run_sum, target_logit,
+                                                                      targets, T);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void cross_entropy_piece_backward_kernel(bf16* logits, int V, int64_t col0, const float* lse,
+                                                    const int32_t* targets, float grad_scale) {
+    int64_t row = blockIdx.x;
+    int target = targets[row];
+    row_softmax_gradient(logits + row * V, V, col0, lse[row], target, target < 0 ? 0.f : grad_scale);
+}
+
+void cross_entropy_piece_backward(bf16* logits, int64_t T, int V, int64_t col0, const float* lse,
+                                  const int32_t* targets, float grad_scale, cudaStream_t s) {
+    if (T == 0) return;
+    cross_entropy_piece_backward_kernel<<<(unsigned)T, CE_THREADS, 0, s>>>(logits, V, col0, lse, targets, grad_scale);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -826,8 +902,19 @@ static void declare_head_and_gradients(Model& m, Arena& A) {
     // LM head and loss, m.plan.loss_rows tokens at a time.
     m.xnf = A.take<bf16>("final norm output", MEM_OTHER, m.plan.loss_rows * D);
     m.rstdf = A.take<float>("final rstd", MEM_OTHER, m.plan.loss_rows);
-    m.logits = A.take<bf16>("logits", MEM_OTHER, m.plan.loss_rows * c.vocab);
+    // Logits of one vocabulary piece (the widest), and the running statistics of the head's
+    // loss when it comes in several pieces (lm_head_in_pieces).
+    const ParamLayout& lay = m.layout;
+    int64_t piece_width = 0;
+    for (int p = 0; p < lay.vocab_pieces(); p++)
+        piece_width = std::max(piece_width, lay.piece_row[p + 1] - lay.piece_row[p]);
+    m.logits = A.take<bf16>("logits", MEM_OTHER, m.plan.loss_rows * piece_width);
     m.losses = A.take<float>("per-token losses", MEM_OTHER, T);
+    if (lay.vocab_pieces() > 1) {
+        m.token_lse = A.take<float>("per-token max, then log-sum-exp, of the logits", MEM_OTHER, T);
+        m.token_sumexp = A.take<float>("per-token sum of exp(logits)", MEM_OTHER, T);
+        m.target_logit = A.take<float>("per-token target logit", MEM_OTHER, T);
+    }
     // The residual gradient and attention's gradients span the sequence.
     m.dres = A.take<bf16>("d residual", MEM_OTHER, T * D);
     if (m.plan.dqkv != Hold::NONE) m.dqkv = A.take<bf16>("d qkv", MEM_ATTENTION, T * c.qkv_dim());
@@ -835,7 +922,8 @@ static void declare_head_and_gradients(Model& m, Arena& A) {
         m.datt = A.take<bf16>("d attention output", MEM_ATTENTION, T * c.q_dim());
         m.delta = A.take<float>("attention delta", MEM_ATTENTION, m.lse_elems);
     }
-    if (m.opt.fused_attention)  // the fused backward's fp32 dQ sums: 4 bytes per dQ element of one call
+    m.dq_accum = nullptr;
+    if (m.opt.fused_attention && m.plan.dq_sums != Hold::NONE)  // 4 bytes per dQ element of one call
         m.dq_accum = A.take<float>("attention dQ sums, fp32 (fused backward)", MEM_ATTENTION,
                                    attention_dq_accum_floats(attention_call_shape(m)));
 }
@@ -1109,38 +1197,151 @@ static void layer_backward(Model& m, int l, cudaStream_t s) {
     FOR_EACH_CHUNK(m, t0, t1) qkv_backward(m, l, t0, t1, s);
 }
 
-// Final RMSNorm, LM head, cross-entropy and their backward, m.plan.loss_rows tokens at a time
-// (all of them unless --chunked): the logits of a chunk are computed, turned into their gradient
-// in place by the loss kernel, and used at once, so [T, V] logits never exist beyond one chunk.
-// Leaves d loss / d x_final in m.dres.
-static void head_forward_backward(Model& m, cudaStream_t s) {
+// The final norm of tokens [t0, t0 + n) into xnf, rstdf.
+static void final_norm_forward(Model& m, int64_t t0, int64_t n, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
-    const int64_t T = m.shape.tokens(), D = c.dim, V = c.vocab, rows = m.plan.loss_rows;
-    const ParamKind head = c.tied_embeddings ? P_EMBED : P_LM_HEAD;
-    // The loss is the mean over valid targets of the whole step, counted on the host.
-    const float grad_scale = m.n_valid_targets > 0 ? 1.0f / (float)m.n_valid_targets : 0.0f;
+    rmsnorm_forward(m.xnf, m.rstdf, at(m.x_final, t0, c.dim), m.w(P_FINAL_NORM), n, c.dim, c.norm_eps, s);
+}
+
+// Calls f(t0, n) for each chunk of the head's tokens, m.plan.loss_rows at a time (all of them
+// unless --chunked), with the chunk's final norm in xnf, rstdf.
+template <class F>
+static void for_each_loss_chunk(Model& m, F f, cudaStream_t s) {
+    const int64_t T = m.shape.tokens(), rows = m.plan.loss_rows;
     for (int64_t t0 = 0; t0 < T; t0 += rows) {
         const int64_t n = std::min(rows, T - t0);
-        const bf16* x = at(m.x_final, t0, D);
-        rmsnorm_forward(m.xnf, m.rstdf, x, m.w(P_FINAL_NORM), n, D, c.norm_eps, s);
-        linear_forward(m.logits, m.xnf, m.w(head), nullptr, n, D, V, s);
-        cross_entropy_forward_backward(m.logits, m.losses + t0, m.targets + t0, n, (int)V, grad_scale, s);
-        linear_backward_input(m.dxn, m.logits, m.w(head), n, D, V, s);  // logits now hold dlogits
-        linear_backward_weight(m.g(head), m.logits, m.xnf, n, D, V, s);
-        rmsnorm_backward(at(m.dres, t0, D), m.g(P_FINAL_NORM), m.dxn, x, m.w(P_FINAL_NORM), m.rstdf, n, D,
-                         false, m.norm_partial, s);
+        final_norm_forward(m, t0, n, s);
+        f(t0, n);
     }
 }
 
-// Units of the flat parameters (FSDP shards and gathers them one at a time, fsdp.cu).
-static int layer_unit(int l) { return 1 + l; }
-static int head_unit(const Model& m) { return m.cfg.n_layers + 1; }
+// 1 / the step's count of valid targets: the loss is their mean, counted on the host.
+static float loss_grad_scale(const Model& m) {
+    return m.n_valid_targets > 0 ? 1.0f / (float)m.n_valid_targets : 0.0f;
+}
+static ParamKind lm_head_kind(const Model& m) { return m.cfg.tied_embeddings ? P_EMBED : P_LM_HEAD; }
+
+// Final RMSNorm, LM head, cross-entropy and their backward, with the LM head in one unit (a
+// vocabulary small enough for one piece): one pass per loss chunk. The logits of a chunk are
+// computed, turned into their gradient in place by the loss kernel, and used at once, so [T, V]
+// logits never exist beyond one chunk. Leaves d loss / d x_final in m.dres.
+static void lm_head_whole(Model& m, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t D = c.dim, V = c.vocab;
+    const bf16* W = m.w_piece(lm_head_kind(m), 0);
+    float* dW = m.g_piece(lm_head_kind(m), 0);
+    for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
+        linear_forward(m.logits, m.xnf, W, nullptr, n, D, V, s);
+        cross_entropy_forward_backward(m.logits, m.losses + t0, m.targets + t0, n, (int)V, loss_grad_scale(m), s);
+        linear_backward_input(m.dxn, m.logits, W, n, D, V, s);  // logits now hold dlogits
+        linear_backward_weight(dW, m.logits, m.xnf, n, D, V, s);
+        rmsnorm_backward(at(m.dres, t0, D), m.g(P_FINAL_NORM), m.dxn, at(m.x_final, t0, D), m.w(P_FINAL_NORM),
+                         m.rstdf, n, D, false, m.norm_partial, s);
+    }, s);
+}
+
+// The same with the LM head in k units of vocabulary rows (common.h: each fits a slot that holds
+// a layer), one at a time. A token's loss needs all its logits (their log-sum-exp), so the head
+// takes two passes over the pieces:
+//   the loss:     per piece and loss chunk, logits = norm(x) W_p^T, and per token the running
+//                 max and sum of exponentials, and its target's logit in the piece that has it;
+//                 then per token lse and the loss
+//   the backward: per piece and chunk, the logits again, turned into d logits in place with the
+//                 lse; d norm(x) += d logits W_p, summed over the pieces in dres (bf16), and
+//                 dW_p += d logits^T norm(x) (fp32, the piece's gradient unit)
+// then the final norm's backward turns d norm(x) into d x_final, chunk by chunk.
+// Cost: the logits GEMM twice, 2 T D V FLOPs more per step (about 2% of an 8B step at 8K tokens,
+// 0.2% at 3M), and d norm(x) rounded to bf16 once per piece. Every piece's unit is acquired here
+// (FSDP: gathered; the final norm's unit is held by the caller).
+static void lm_head_in_pieces(Model& m, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const ParamLayout& lay = m.layout;
+    const int64_t D = c.dim;
+    const int k = lay.vocab_pieces();
+    const ParamKind head = lm_head_kind(m);
+    for (int p = 0; p < k; p++) {  // the loss
+        const int64_t v0 = lay.piece_row[p], V = lay.piece_row[p + 1] - v0;
+        fsdp_acquire(m, m.piece_unit(head, p), s);
+        for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
+            linear_forward(m.logits, m.xnf, m.w_piece(head, p), nullptr, n, D, V, s);
+            cross_entropy_piece_stats(m.logits, n, (int)V, v0, m.targets + t0, m.token_lse + t0, m.token_sumexp + t0,
+                                      m.target_logit + t0, p == 0, s);
+        }, s);
+        fsdp_release(m, m.piece_unit(head, p), s);
+    }
+    cross_entropy_piece_loss(m.losses, m.token_lse, m.token_sumexp, m.target_logit, m.targets, m.shape.tokens(), s);
+    for (int p = 0; p < k; p++) {  // the backward
+        const int64_t v0 = lay.piece_row[p], V = lay.piece_row[p + 1] - v0;
+        const int u = m.piece_unit(head, p);
+        fsdp_acquire(m, u, s);
+        fsdp_grad_begin(m, u, s);
+        for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
+            bf16* dxn = at(m.dres, t0, D);  // d norm(x) of the chunk, summed over the pieces
+            linear_forward(m.logits, m.xnf, m.w_piece(head, p), nullptr, n, D, V, s);
+            cross_entropy_piece_backward(m.logits, n, (int)V, v0, m.token_lse + t0, m.targets + t0,
+                                         loss_grad_scale(m), s);
+            gemm_rm(false, false, n, D, V, m.logits, V, m.w_piece(head, p), D, dxn, D, false, 1.f, p == 0 ? 0.f : 1.f,
+                    dxn, s);
+            linear_backward_weight(m.g_piece(head, p), m.logits, m.xnf, n, D, V, s);
+        }, s);
+        fsdp_grad_end(m, u, !c.tied_embeddings, s);  // tied: the lookup adds the rest at the end
+        fsdp_release(m, u, s);
+    }
+    for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {  // dres: d norm(x) -> d x_final
+        CUDA_CHECK(cudaMemcpyAsync(m.dxn, at(m.dres, t0, D), n * D * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+        rmsnorm_backward(at(m.dres, t0, D), m.g(P_FINAL_NORM), m.dxn, at(m.x_final, t0, D), m.w(P_FINAL_NORM),
+                         m.rstdf, n, D, false, m.norm_partial, s);
+    }, s);
+}
+
+// Final RMSNorm, LM head, cross-entropy and their backward: dres = d loss / d x_final.
+static void head_forward_backward(Model& m, cudaStream_t s) {
+    const ParamLayout& lay = m.layout;
+    fsdp_acquire(m, lay.final_norm_unit(), s);  // held through the head
+    fsdp_grad_begin(m, lay.final_norm_unit(), s);
+    if (lay.vocab_pieces() > 1) {
+        lm_head_in_pieces(m, s);
+    } else {
+        const int u = lay.head_unit(0);
+        fsdp_acquire(m, u, s);
+        fsdp_grad_begin(m, u, s);
+        lm_head_whole(m, s);
+        fsdp_grad_end(m, u, !m.cfg.tied_embeddings, s);  // tied: the lookup adds the rest at the end
+        fsdp_release(m, u, s);
+    }
+    fsdp_grad_end(m, lay.final_norm_unit(), true, s);
+    fsdp_release(m, lay.final_norm_unit(), s);
+}
+
+// The token embedding, forward and backward, one vocabulary piece (unit) at a time.
+static void embedding_lookup(Model& m, cudaStream_t s) {
+    const ParamLayout& lay = m.layout;
+    for (int p = 0; p < lay.vocab_pieces(); p++) {
+        fsdp_acquire(m, lay.embed_unit(p), s);
+        embedding_forward(m.layers[0].x_in, m.tokens, m.w_piece(P_EMBED, p), lay.piece_row[p],
+                          lay.piece_row[p + 1] - lay.piece_row[p], m.shape.tokens(), m.cfg.dim, s);
+        fsdp_release(m, lay.embed_unit(p), s);
+    }
+}
+
+static void embedding_lookup_backward(Model& m, cudaStream_t s) {  // d loss / d x_in of layer 0 in m.dres
+    const ParamLayout& lay = m.layout;
+    const std::vector<int32_t>& group_token = m.emb_groups.token;  // ascending: a piece's groups are a range
+    for (int p = 0; p < lay.vocab_pieces(); p++) {
+        const int64_t g0 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p]) - group_token.begin();
+        const int64_t g1 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p + 1]) - group_token.begin();
+        fsdp_grad_begin(m, lay.embed_unit(p), s);
+        embedding_backward(m.g_piece(P_EMBED, p), lay.piece_row[p], m.dres, m.emb_group_token + g0,
+                           m.emb_group_begin + g0, m.emb_positions, g1 - g0, m.cfg.dim, s);
+        fsdp_grad_end(m, lay.embed_unit(p), true, s);
+    }
+}
 
 void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void* ctx) {
     const LlamaConfig& c = m.cfg;
     const int64_t T = m.shape.tokens();
     const int L = c.n_layers;
-    const bool tied = c.tied_embeddings;
+    auto layer_unit = [&](int l) { return m.layout.layer_unit(l); };
     fsdp_step_begin(m, s);  // zeroes the gradients
     offload_step_begin(m, s);
     m.progress_recorded = 0;
@@ -1151,9 +1352,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     progressed();  // the step's start
 
     // Forward.
-    fsdp_acquire(m, 0, s);
-    embedding_forward(m.layers[0].x_in, m.tokens, m.w(P_EMBED), T, c.dim, s);
-    fsdp_release(m, 0, s);
+    embedding_lookup(m, s);
     offload_save_block_input(m, 0, s);
     for (int l = 0; l < L; l++) {
         fsdp_acquire(m, layer_unit(l), s);
@@ -1166,15 +1365,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     }
 
     // LM head and loss, forward and backward together: dres = d loss / d x_final.
-    fsdp_acquire(m, head_unit(m), s);
-    if (tied) fsdp_acquire(m, 0, s);
-    fsdp_grad_begin(m, head_unit(m), s);
-    if (tied) fsdp_grad_begin(m, 0, s);
     head_forward_backward(m, s);
-    fsdp_grad_end(m, head_unit(m), true, s);
-    if (tied) fsdp_grad_end(m, 0, false, s);  // the lookup adds the rest at the end
-    fsdp_release(m, head_unit(m), s);
-    if (tied) fsdp_release(m, 0, s);
     sum_floats(m.scalars + 0, m.losses, T, m.reduce_scratch, s);
     progressed();
 
@@ -1190,10 +1381,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
         progressed();
         if (progress) progress(ctx, "bwd", l);
     }
-    fsdp_grad_begin(m, 0, s);
-    embedding_backward(m.g(P_EMBED), m.dres, m.emb_group_token, m.emb_group_begin,
-                       m.emb_positions, (int64_t)m.emb_groups.token.size(), c.dim, s);
-    fsdp_grad_end(m, 0, true, s);
+    embedding_lookup_backward(m, s);
     fsdp_step_end(m, s);
     // scalars[0] holds this GPU's sum of raw per-token losses (only their gradient was scaled by
     // 1 / the step's count of valid targets). Summed over the GPUs it is the step's total loss,

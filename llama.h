@@ -114,17 +114,20 @@ void linear_backward_weight(float* dW, const bf16* dy, const bf16* x, int64_t T,
 
 // ---------------------------------------------------------------------------------------------
 // Element-wise and reduction kernels of the model (llama.cu). T = tokens, row-major [T, width].
-void embedding_forward(bf16* x, const int32_t* tokens, const bf16* embed, int64_t T, int D,
-                       cudaStream_t s);
+// x[t] = rows[tokens[t] - row0] for the tokens in [row0, row0 + n_rows) (one vocabulary piece of
+// the table); the other rows of x are left as they are.
+void embedding_forward(bf16* x, const int32_t* tokens, const bf16* rows, int64_t row0, int64_t n_rows, int64_t T,
+                       int D, cudaStream_t s);
 // Deterministic embedding backward: tokens grouped on the host (EmbeddingGroups), each group's
-// rows summed in a fixed order, added to the fp32 gradient.
+// rows summed in a fixed order, added to the fp32 gradient. drows holds the table's rows from row0 on:
+// the groups given must be those of tokens in that piece.
 struct EmbeddingGroups {
     std::vector<int32_t> token;     // distinct tokens
     std::vector<int64_t> begin;     // positions of token[i] are position[begin[i] .. begin[i+1])
     std::vector<int64_t> position;  // token positions, grouped, ascending within a group
     void build(const int32_t* tokens, int64_t T);
 };
-void embedding_backward(float* dembed, const bf16* dx, const int32_t* group_token,
+void embedding_backward(float* drows, int64_t row0, const bf16* dx, const int32_t* group_token,
                         const int64_t* group_begin, const int64_t* positions, int64_t n_groups,
                         int D, cudaStream_t s);
 
@@ -150,6 +153,16 @@ void swiglu_backward(bf16* dh13, const bf16* dact, const bf16* h13, int64_t T, i
 // target -1); the logits are overwritten by d(loss_sum * grad_scale)/d logits.
 void cross_entropy_forward_backward(bf16* logits, float* losses, const int32_t* targets,
                                     int64_t T, int V, float grad_scale, cudaStream_t s);
+// The same over logits that come in pieces of V columns from col0 on, [T, V] each (targets count
+// from column 0 of the whole vocabulary). Per piece: each row's running max and sum of
+// exponentials (first: start them) and the target's logit where the piece has it; after the last
+// piece the loss (max becomes lse); then per piece the gradient, in place, with that lse.
+void cross_entropy_piece_stats(const bf16* logits, int64_t T, int V, int64_t col0, const int32_t* targets,
+                               float* run_max, float* run_sum, float* target_logit, bool first, cudaStream_t s);
+void cross_entropy_piece_loss(float* losses, float* max_to_lse, const float* run_sum, const float* target_logit,
+                              const int32_t* targets, int64_t T, cudaStream_t s);
+void cross_entropy_piece_backward(bf16* logits, int64_t T, int V, int64_t col0, const float* lse,
+                                  const int32_t* targets, float grad_scale, cudaStream_t s);
 
 // Deterministic sum of n floats (two passes). scratch: sum_scratch_floats() floats.
 void sum_floats(float* out, const float* x, int64_t n, float* scratch, cudaStream_t s);
@@ -280,6 +293,7 @@ struct ActivationPlan {
     Hold norms_mlp = Hold::PER_LAYER;   // xn1, xn2 (norm outputs, their rstd), h13, act (MLP)
     Hold dqkv = Hold::SHARED;           // d q|k|v of this GPU's tokens
     Hold datt = Hold::SHARED;           // d attention output, and delta = rowsum(d out * out)
+    Hold dq_sums = Hold::SHARED;        // the fused backward's fp32 dQ sums (--attention fused)
     int64_t chunk_rows = 0;             // tokens a layer works on at once: all of them, or a chunk
     int64_t loss_rows = 0;              // tokens the LM head and loss work on at once
 };
@@ -348,8 +362,11 @@ struct Model {
     // Activations
     std::vector<LayerActivations> layers;
     bf16* x_final = nullptr;      // [T, D] output of the last layer
-    bf16 *xnf = nullptr, *logits = nullptr;   // [loss_rows, D], [loss_rows, V]
+    bf16 *xnf = nullptr, *logits = nullptr;   // [loss_rows, D], [loss_rows, V] (one vocabulary piece's columns)
     float *rstdf = nullptr, *losses = nullptr;
+    // The LM head in vocabulary pieces: per token, the running max of its logits (then their
+    // log-sum-exp), the running sum of exponentials, and the target's logit. [T] each.
+    float *token_lse = nullptr, *token_sumexp = nullptr, *target_logit = nullptr;
     // Backward. The residual gradient and attention's gradients span all tokens (attention's
     // backward needs all of them); the rest holds one chunk.
     bf16 *dres = nullptr;         // [T, D] d loss / d residual stream, which every branch adds into
@@ -378,6 +395,11 @@ struct Model {
         const ParamTensor& t = param(k, layer);
         return unit_g[t.unit] + (t.offset - layout.unit_begin[t.unit]);
     }
+    // Vocabulary piece p of the embedding (P_EMBED) or the untied LM head (P_LM_HEAD): its rows
+    // layout.piece_row[p] .. are one unit, whose start they are. (w and g reach piece 0 only.)
+    int piece_unit(ParamKind k, int p) const { return k == P_EMBED ? layout.embed_unit(p) : layout.head_unit(p); }
+    bf16* w_piece(ParamKind k, int p) const { return unit_w[piece_unit(k, p)]; }
+    float* g_piece(ParamKind k, int p) const { return unit_g[piece_unit(k, p)]; }
 };
 
 // Declare every buffer of a step in the arena (dry run or real; see Arena).
@@ -463,7 +485,8 @@ void model_sync(Model& m, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // Parameters across GPUs (fsdp.cu): replicated (gradients all-reduced) or sharded (--fsdp).
-// A unit is the embedding (0), a layer (1 + l) or the head (L + 1).
+// A unit is a piece of the embedding, a layer, the final norm or a piece of the LM head
+// (common.h param_layout).
 int64_t fsdp_local_params(const LlamaConfig& c, bool sharded, int world);  // elements per GPU
 void fsdp_declare_buffers(Model& m, Arena& A);  // comm-category slots under --fsdp
 void fsdp_create(Model& m);

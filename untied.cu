@@ -35,7 +35,8 @@
 //                                                   chunk's q, out/d out, dq, k|v, dk|dv; lse
 //   all-to-all staging (comm category)
 //     plain:  2 x 2 S d (q + 2 kv') (+ 12 S q for delta)
-//     untied: 2 S d (2 K + 2 kv) + 8 S K
+//     untied: 2 S d (2 K + 2 kv) + 4 S (q + K)  (the fused backward's fp32 dQ sums, 4 S K d, borrow
+//                                               the q and output blocks: no bytes more)
 //   the gradient of the normalized input, 2 (S/N) D, lives in the attention output's memory
 //   (dead by then; a buffer of its own only if Hq d < D), and the deltas of all heads take
 //   4 (S/N) Hq (the input itself is recomputed a token chunk at a time wherever a projection
@@ -54,6 +55,8 @@
 //   checkpointing.cu   recompute_attention reruns untied_attention_forward (full checkpointing)
 //   llama.cu           attention_call_shape: the fused backward's dQ sums hold one head chunk
 //   ulysses.cu         ulysses_plan stands down: none of plain Ulysses's buffers are declared
+//   llama.cu           declare_head_and_gradients: no dQ sums of its own (Hold::NONE), they are
+//                      the staging's
 #include <algorithm>
 
 #include "llama.h"
@@ -75,7 +78,8 @@ struct Untied {
     bf16* dxn1 = nullptr;     // [T, D] d xn1 (the normalized input) of all tokens, summed over chunks,
                               // when it has a buffer of its own
     bf16* send = nullptr;     // [N][T, K d] the chunk's q for each destination GPU; then its d out
-    bf16* receive = nullptr;  // [N][T, K d] the chunk's output from each GPU; then its dq
+    bf16* receive = nullptr;  // [N][T, K d] the chunk's output from each GPU; then its dq (right
+                              // after send; both lend their memory to the fused backward's dQ sums)
     bf16* kv_send = nullptr;  // [N][T, 2 kv d] k|v for each destination GPU; then dk|dv received
     bf16* heads_q = nullptr;    // [S, K d] the chunk's q, head-sharded
     bf16* heads_kv = nullptr;   // [S, 2 kv d] its k|v, head-sharded
@@ -182,6 +186,7 @@ void untied_plan(Model& m) {
     p.D = c.dim;
     // Attention's inputs and gradients live in the chunk buffers below, not in the plain model's.
     m.plan.qkv = m.plan.dqkv = m.plan.datt = Hold::NONE;
+    m.plan.dq_sums = Hold::NONE;  // the fused backward's dQ sums borrow the chunk's staging
 }
 
 void untied_declare_buffers(Model& m, Arena& A) {
@@ -190,8 +195,16 @@ void untied_declare_buffers(Model& m, Arena& A) {
     const int64_t w = p.K * p.d, kvw2 = 2 * p.kv * p.d, S = p.S;
     p.dxn1_in_att = m.cfg.q_dim() >= m.cfg.dim;
     if (!p.dxn1_in_att) p.dxn1 = A.take<bf16>("untied: d normalized input", MEM_OTHER, p.T * p.D);
-    p.send = A.take<bf16>("untied: q / d out send", MEM_COMM, S * w);
-    p.receive = A.take<bf16>("untied: out / dq receive", MEM_COMM, S * w);
+    // The send and receive blocks are one buffer, which also holds the fused backward's fp32 dQ
+    // sums (--attention fused): while attention's backward runs, neither block holds anything (d
+    // out has gone to heads_out, dq comes back after it).
+    const int64_t dq_sums = m.opt.fused_attention ? 2 * attention_dq_accum_floats(chunk_shape(p)) : 0;  // in bf16s
+    bf16* staging = A.take<bf16>(m.opt.fused_attention ? "untied: q / d out send, out / dq receive, dQ sums (fp32)"
+                                                         : "untied: q / d out send, out / dq receive",
+                                 MEM_COMM, std::max(2 * S * w, dq_sums));
+    p.send = staging;
+    p.receive = staging ? staging + S * w : nullptr;
+    if (m.opt.fused_attention) m.dq_accum = (float*)staging;
     p.kv_send = A.take<bf16>("untied: k|v send (and dk|dv receive)", MEM_COMM, S * kvw2);
     p.heads_q = A.take<bf16>("untied: q, head-sharded", MEM_ATTENTION, S * w);
     p.heads_kv = A.take<bf16>("untied: k|v, head-sharded", MEM_ATTENTION, S * kvw2);

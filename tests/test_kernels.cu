@@ -2,6 +2,7 @@
 // backward, on fresh random inputs of odd sizes, with poisoned outputs.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "gpu_util.h"
 #include "reference.h"
@@ -147,19 +148,29 @@ TEST_F(SwiGlu, ForwardAndBackwardMatchReference) {
 // ---------------------------------------------------------------------------------------------
 using CrossEntropy = Seeded;
 
-TEST_F(CrossEntropy, LossAndGradientMatchReference) {
-    TRACE_SEED();
-    const int64_t T = 33;
-    const int V = 1000;
-    auto logits = rounded_bf16(random_normal(T * V, rng, 4.0));
-    std::vector<int32_t> targets(T);
-    int valid = 0;
+// bf16 logits [T, V] and targets (every fifth ignored), with the float64 reference's mean loss
+// and gradient.
+double random_loss_case(std::mt19937_64& rng, int64_t T, int V, std::vector<double>& logits,
+                        std::vector<int32_t>& targets, int& valid, std::vector<double>& dref) {
+    logits = rounded_bf16(random_normal(T * V, rng, 4.0));
+    targets.assign(T, 0);
+    valid = 0;
     for (int64_t t = 0; t < T; t++) {
         targets[t] = (t % 5 == 3) ? -1 : (int32_t)(rng() % V);
         valid += targets[t] >= 0;
     }
-    std::vector<double> dref(T * V);
-    double loss_ref = ref::cross_entropy(logits.data(), targets.data(), dref.data(), T, V);
+    dref.assign(T * V, 0.0);
+    return ref::cross_entropy(logits.data(), targets.data(), dref.data(), T, V);
+}
+
+TEST_F(CrossEntropy, LossAndGradientMatchReference) {
+    TRACE_SEED();
+    const int64_t T = 33;
+    const int V = 1000;
+    std::vector<double> logits, dref;
+    std::vector<int32_t> targets;
+    int valid = 0;
+    const double loss_ref = random_loss_case(rng, T, V, logits, targets, valid, dref);
 
     DeviceBuffer<bf16> d_logits(T * V);
     DeviceBuffer<float> d_losses(T), d_sum(1), scratch(sum_scratch_floats());
@@ -171,6 +182,48 @@ TEST_F(CrossEntropy, LossAndGradientMatchReference) {
     double loss = download(d_sum.ptr, 1)[0] / valid;
     EXPECT_LT(std::fabs(loss - loss_ref) / loss_ref, TOL_FP32);
     EXPECT_LT(rel_error(download(d_logits.ptr, T * V), dref), TOL_BF16);
+}
+
+// The same loss and gradient from logits in three pieces of columns (the LM head in vocabulary
+// pieces, llama.cu lm_head_in_pieces): running max and sum over the pieces, then the gradient of
+// each piece with the final lse.
+TEST_F(CrossEntropy, InPiecesMatchesReference) {
+    TRACE_SEED();
+    const int64_t T = 33;
+    const int V = 1000;
+    const int64_t cut[] = {0, 264, 640, V};  // pieces of 264, 376 and 360 columns
+    std::vector<double> logits, dref;
+    std::vector<int32_t> targets;
+    int valid = 0;
+    const double loss_ref = random_loss_case(rng, T, V, logits, targets, valid, dref);
+
+    DeviceBuffer<float> d_losses(T), d_max(T), d_sumexp(T), d_target(T), d_sum(1), scratch(sum_scratch_floats());
+    DeviceBuffer<int32_t> d_targets(T);
+    upload(d_targets, targets);
+    poison(d_losses.ptr, T);
+    std::vector<std::unique_ptr<DeviceBuffer<bf16>>> piece;
+    for (int p = 0; p < 3; p++) {  // each piece [T, its columns], as the head's GEMM writes it
+        const int64_t w = cut[p + 1] - cut[p];
+        std::vector<double> cols(T * w);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < w; j++) cols[t * w + j] = logits[t * V + cut[p] + j];
+        piece.emplace_back(new DeviceBuffer<bf16>(T * w));
+        upload(*piece[p], cols);
+        cross_entropy_piece_stats(*piece[p], T, (int)w, cut[p], d_targets, d_max, d_sumexp, d_target, p == 0, 0);
+    }
+    cross_entropy_piece_loss(d_losses, d_max, d_sumexp, d_target, d_targets, T, 0);
+    sum_floats(d_sum, d_losses, T, scratch, 0);
+    double loss = download(d_sum.ptr, 1)[0] / valid;
+    EXPECT_LT(std::fabs(loss - loss_ref) / loss_ref, TOL_FP32);
+    std::vector<double> grad(T * V);
+    for (int p = 0; p < 3; p++) {
+        const int64_t w = cut[p + 1] - cut[p];
+        cross_entropy_piece_backward(*piece[p], T, (int)w, cut[p], d_max, d_targets, 1.0f / valid, 0);
+        auto g = download(piece[p]->ptr, T * w);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < w; j++) grad[t * V + cut[p] + j] = g[t * w + j];
+    }
+    EXPECT_LT(rel_error(grad, dref), TOL_BF16);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -188,7 +241,9 @@ TEST_F(Embedding, LookupAndDeterministicBackward) {
     DeviceBuffer<int32_t> d_tok(T);
     upload(d_table, table), upload(d_tok, tokens), upload(d_dx, dx);
     poison(d_x.ptr, T * D);
-    embedding_forward(d_x, d_tok, d_table, T, D, 0);
+    // In two pieces of rows, [0, 8) and [8, V): each fills the rows of its tokens.
+    embedding_forward(d_x, d_tok, d_table, 0, 8, T, D, 0);
+    embedding_forward(d_x, d_tok, d_table.ptr + 8 * D, 8, V - 8, T, D, 0);
     auto x = download(d_x.ptr, T * D);
     for (int64_t t = 0; t < T; t++)
         for (int c = 0; c < D; c++) ASSERT_EQ(x[t * D + c], table[tokens[t] * D + c]);
@@ -207,7 +262,11 @@ TEST_F(Embedding, LookupAndDeterministicBackward) {
     for (int run = 0; run < 2; run++) {
         DeviceBuffer<float> d_grad((int64_t)V * D);
         upload(d_grad, std::vector<double>((int64_t)V * D, 0.25));
-        embedding_backward(d_grad, d_dx, g_tok, g_begin, g_pos, (int64_t)groups.token.size(), D, 0);
+        // Piece [8, V) takes the groups of tokens from 8 on, piece [0, 8) the others.
+        const int64_t split = std::lower_bound(groups.token.begin(), groups.token.end(), 8) - groups.token.begin();
+        embedding_backward(d_grad, 0, d_dx, g_tok, g_begin, g_pos, split, D, 0);
+        embedding_backward(d_grad.ptr + 8 * D, 8, d_dx, g_tok.ptr + split, g_begin.ptr + split, g_pos,
+                           (int64_t)groups.token.size() - split, D, 0);
         auto got = download(d_grad.ptr, (int64_t)V * D);
         EXPECT_LT(rel_error(got, expect), TOL_FP32);
         if (run == 0) first = got;

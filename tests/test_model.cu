@@ -66,9 +66,14 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
-    LlamaConfig cfg = config_by_name(GetParam());
-    printf("  attention kernels: %s\n",
-           attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "attention_hopper.cu" : "attention.cu");
+    // "+pieces": the embedding and LM head in three units of vocabulary rows (lm_head_in_pieces).
+    const std::string param = GetParam();
+    const bool pieces = param.size() > 7 && param.substr(param.size() - 7) == "+pieces";
+    LlamaConfig cfg = config_by_name(pieces ? param.substr(0, param.size() - 7) : param);
+    if (pieces) cfg.vocab_pieces = 3;
+    printf("  attention kernels: %s, %d vocabulary pieces\n",
+           attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "attention_hopper.cu" : "attention.cu",
+           param_layout(cfg).vocab_pieces());
     const int B = 2;
     const int64_t S = 67;  // two attention tiles, the second ragged
     GpuModel g(cfg, B, S);
@@ -95,9 +100,13 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
 }
 
 // tiny-hd128: head dim 128, so on Hopper the step runs attention_hopper.cu's kernels.
-INSTANTIATE_TEST_SUITE_P(Configs, WholeStep, ::testing::Values("tiny", "tiny-untied", "tiny-hd128"),
+INSTANTIATE_TEST_SUITE_P(Configs, WholeStep,
+                         ::testing::Values("tiny", "tiny-untied", "tiny-hd128", "tiny+pieces", "tiny-untied+pieces"),
                          [](const auto& info) {
-                             return info.param == "tiny" ? "tied" : info.param == "tiny-untied" ? "untied" : "hd128";
+                             std::string p = info.param;
+                             std::string name = p.find("hd128") != std::string::npos ? "hd128"
+                                                : p.find("untied") != std::string::npos ? "untied" : "tied";
+                             return p.find("+pieces") != std::string::npos ? name + "_pieces" : name;
                          });
 
 // Same seed, same data: the same losses and weights, bit for bit (no atomics anywhere).

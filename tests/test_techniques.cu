@@ -79,10 +79,11 @@ TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
     LlamaConfig cfg = config_by_name(GetParam());
     printf("  attention kernels: %s\n",
            attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "attention_hopper.cu" : "attention.cu");
-    cfg.n_layers = 4;  // enough layers for both offload slots to be reused
+    cfg.n_layers = 4;
+    cfg.vocab_pieces = cfg.tied_embeddings ? 1 : 3;  // the LM head whole, and in pieces (lm_head_in_pieces)
     const int B = 2;
     const int64_t S = 150;  // 300 tokens: chunks of 48 and 40 leave ragged tails
-    printf("  %d units, %lld parameters\n", cfg.n_layers + 2, (long long)count_params(cfg));
+    printf("  %d units, %lld parameters\n", param_layout(cfg).num_units(), (long long)count_params(cfg));
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
     StepResult plain = run_variant(cfg, StepOptions(), B, S, seed);
