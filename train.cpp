@@ -30,6 +30,8 @@ std::string usage_text() {
            "Model and data\n"
            "  --config NAME        " + known_config_names() + " (default llama3.2-3b)\n"
            "  --layers N           override the number of transformer layers\n"
+           "  --vocab-pieces N     units of vocabulary rows the embedding and LM head are cut into (default: as few as\n"
+           "                       keep each within a layer's size, 3 for Llama 3.1 8B; 1 keeps the head in one pass)\n"
            "  --seq-len N          tokens per sequence; suffixes K (x1024) and M (x1024^2), e.g. 8K, 3M (default 8K)\n"
            "  --batch N            sequences per step (default 1)\n"
            "  --task copy|random   synthetic data: copy = second half repeats the first (learnable only by\n"
@@ -175,6 +177,7 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--plan") flag_only(), o.plan = true;
         else if (arg == "--config") o.config = need();
         else if (arg == "--layers") o.layers = (int)parse_int(arg, need(), 1, 100000);
+        else if (arg == "--vocab-pieces") o.vocab_pieces = (int)parse_int(arg, need(), 1, 1 << 20);
         else if (arg == "--seq-len") o.seq_len = parse_tokens(arg, need());
         else if (arg == "--batch") o.batch = (int)parse_int(arg, need(), 1, 1 << 20);
         else if (arg == "--steps") o.steps = (int)parse_int(arg, need(), 0, 1 << 30);
@@ -253,6 +256,10 @@ Options parse_options(int argc, char** argv) {
 LlamaConfig resolve_config(const Options& o) {
     LlamaConfig c = config_by_name(o.config);
     if (o.layers > 0) c.n_layers = o.layers;
+    if (o.vocab_pieces > 0) c.vocab_pieces = o.vocab_pieces;
+    if (c.vocab_pieces > c.vocab / PIECE_ROWS)
+        usage_error("--vocab-pieces " + std::to_string(c.vocab_pieces) + ": a piece holds at least " +
+                    std::to_string(PIECE_ROWS) + " of the " + std::to_string(c.vocab) + " vocabulary rows");
     // What the kernels assume: 16-byte vector accesses along D, F and V; head dim 64 or 128.
     if (c.dim % 8 || c.ffn_dim % 8 || c.vocab % 8)
         usage_error(c.name + ": dim, ffn_dim and vocab must be multiples of 8");

@@ -12,6 +12,7 @@
 struct Options {
     std::string config = "llama3.2-3b";
     int layers = -1;            // -1: the config's depth
+    int vocab_pieces = 0;       // 0: the layout's choice (common.h vocab_piece_count)
     int64_t seq_len = 8192;     // tokens per sequence
     int batch = 1;              // sequences per step
     int steps = 10;

@@ -438,6 +438,21 @@ TEST(Binary, UnwritableOutputsAreRefusedBeforeAnyWork) {
     expect_exit("--config tiny --steps 1 --save-to Makefile", 2, "is not a folder");
 }
 
+// The vocabulary pieces: --vocab-pieces sets them, within what a vocabulary can be cut into, and
+// the plan shows them in the logits (one piece's columns).
+TEST(Binary, VocabularyPieces) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    expect_exit("--plan --config tiny --vocab-pieces 5", 2, "a piece holds at least 128 of the 512 vocabulary rows");
+    Result whole = run_train("--plan --config llama3.1-8b --seq-len 8K --chunked --vocab-pieces 1");
+    Result auto_pieces = run_train("--plan --config llama3.1-8b --seq-len 8K --chunked");
+    ASSERT_EQ(whole.code, 0) << whole.output;
+    ASSERT_EQ(auto_pieces.code, 0) << auto_pieces.output;
+    // 8B: three pieces, so the two bf16 unit slots hold a layer (2 x 0.41 GiB) instead of a whole
+    // table (2 x 0.98 GiB), and one chunk's logits a third of the vocabulary.
+    EXPECT_NEAR(plan_total_gib(whole.output) - plan_total_gib(auto_pieces.output), 2 * (0.979 - 0.406) + 0.979 * 2 / 3,
+                0.01);
+}
+
 TEST(Ladder, RefusesTheFlagsItSetsItself) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     for (const char* flags : {"--stage 3", "--fsdp", "--ulysses", "--ckpt", "--ckpt=selective", "--offload",

@@ -110,6 +110,20 @@ TEST(MultiGpu, DataParallelAndFsdpMatchOneGpu) {
                             "--nproc 2 --batch 1 --fsdp --ckpt --offload --chunked --chunk-tokens 48"});
 }
 
+// The embedding and LM head in three units of vocabulary rows: FSDP gathers and reduce-scatters
+// each piece (the head's two passes, a tied head's lookup adding to its pieces' gradients).
+TEST(MultiGpu, VocabularyPiecesMatchOneGpu) {
+    REQUIRE_GPUS(2);
+    for (const char* cfg : {"tiny", "tiny-untied"}) {
+        SCOPED_TRACE(cfg);
+        const std::string common = std::string("--config ") + cfg +
+                                   " --layers 3 --task random --steps 3 --lr 2e-3 --seed 5 --seq-len 200 --vocab-pieces 3";
+        expect_same_as_one_gpu(common, "--batch 2",
+                               {"--nproc 2 --batch 1 --fsdp", "--nproc 2 --batch 1 --fsdp --stage 5 --loss-chunk-tokens 72"});
+        expect_same_as_one_gpu(common + " --batch 1", "", {"--nproc 2 --stage 6 --chunk-tokens 56"});
+    }
+}
+
 TEST(MultiGpu, UlyssesAndFsdpMatchOneGpu) {
     REQUIRE_GPUS(2);
     // One sequence on one GPU against the same sequence split over two.
