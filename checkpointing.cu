@@ -10,7 +10,8 @@
 // --ckpt=selective also keeps each layer's attention output and log-sum-exp, so the backward
 // never reruns the attention forward. At long context attention is most of a layer's compute
 // (forward 1 unit, backward 2.5 units), so skipping its rerun saves close to a fifth of the
-// step, for 2 Hq d + 4 Hq more bytes per token and layer.
+// step, for 2 Hq d + 4 Hq more bytes per token and layer. With --offload those bytes go to the
+// host, as many layers' as --host-mem-gib allows (offload.cu); the other layers rerun attention.
 //
 // Memory per GPU, for T local tokens and L layers (bytes):
 //   kept per token and layer          plain                         --ckpt   --ckpt=selective
@@ -47,13 +48,19 @@ void checkpointing_plan(Model& m) {
     p.att = m.opt.selective ? Hold::PER_LAYER : Hold::SHARED;
 }
 
-static bool kept(Hold h) { return h == Hold::PER_LAYER || h == Hold::ON_HOST; }
+bool attention_kept(const Model& m, int l) {
+    switch (m.plan.att) {
+        case Hold::PER_LAYER: return true;
+        case Hold::ON_HOST: return l < m.plan.att_host_layers || l == m.cfg.n_layers - 1;  // offload.cu
+        default: return false;
+    }
+}
 
 // Before layer l's backward: the attention sub-block's forward again, from x_in. Under full
 // checkpointing that is q|k|v and attention itself; under =selective attention's output was kept,
 // but its backward still reads q, k and v.
 void recompute_attention(Model& m, int l, cudaStream_t s) {
-    if (!kept(m.plan.att)) {
+    if (!attention_kept(m, l)) {
         if (m.untied) return untied_attention_forward(m, l, s);  // head chunk by head chunk
         FOR_EACH_CHUNK(m, t0, t1) qkv_forward(m, l, t0, t1, s);
         return self_attention_forward(m, l, s);

@@ -92,7 +92,7 @@ std::vector<LadderRow> ladder_plan(const Options& base) {
         for (int c = 0; c < MEM_NUM_CATEGORIES; c++) r.gib[c] = p.arena.category_bytes(c) / GiB;
         r.total_gib = p.total_gib(rt);
         r.host_gib = p.host_bytes / GiB;
-        r.fits = r.total_gib <= cap;
+        r.fits = r.total_gib <= cap && p.host_bytes <= o.step.host_mem_gib * GiB;  // device and --host-mem-gib
         r.longest = longest_context(cfg, o, cap, rt);
         rows.push_back(r);
     }
@@ -130,6 +130,7 @@ static int print_ladder(const Options& o) {
         }
         char verdict[64];
         if (r.fits) snprintf(verdict, sizeof verdict, "fits");
+        else if (r.total_gib <= cap) snprintf(verdict, sizeof verdict, "OOM, host %.0f GiB", r.host_gib);
         else snprintf(verdict, sizeof verdict, "OOM, needs %.1f GiB", r.total_gib);
         printf("%-5d %-10s %9.2f %10.2f %9.2f %8.2f %10.2f %9.2f  %-24s %lld (%.2fM)\n", r.stage, r.flags.c_str(),
                r.gib[MEM_MODEL], r.gib[MEM_ATTENTION], r.gib[MEM_OTHER], r.gib[MEM_COMM], r.total_gib, r.host_gib,
@@ -203,10 +204,12 @@ static std::vector<std::string> stage_args(const Options& o, int k, int layers, 
                                   std::to_string(seq), "--batch", std::to_string(o.batch), "--steps",
                                   std::to_string(steps), "--task", o.task, "--seed", std::to_string(o.seed),
                                   "--mem-cap-gib", std::to_string(ladder_cap(o)),
+                                  "--host-mem-gib", std::to_string(o.step.host_mem_gib),
                                   "--comm-timeout-s", std::to_string(o.comm_timeout_s)};
     if (k > 0) a.push_back("--stage"), a.push_back(std::to_string(k));
     if (o.sim_world > 1) a.push_back("--sim-world"), a.push_back(std::to_string(o.sim_world));
     if (o.nproc > 1) a.push_back("--nproc"), a.push_back(std::to_string(o.nproc));
+    if (o.vocab_pieces > 0) a.push_back("--vocab-pieces"), a.push_back(std::to_string(o.vocab_pieces));
     // The ladder's stages plan the lean backward, so auto runs them with it too (auto could pick
     // the fused one in some stages and not others, and the measurement would leave the plan).
     a.push_back("--attention"), a.push_back(o.attention == "auto" ? "fast" : o.attention);
@@ -256,7 +259,8 @@ static std::string confirm_longest(const Options& o, int k, int layers, int64_t 
     if (longest <= 0 || !o.confirm_longest) return n + " planned";
     StageRun a = run_child(stage_args(o, k, layers, longest, 0), "");
     StageRun b = run_child(stage_args(o, k, layers, longest + 1024, 0), "");
-    if (a.code == 0 && b.code == EXIT_OOM) return n + " (allocated; +1K refused)";
+    const bool host_refused = b.output.find("--host-mem-gib allows") != std::string::npos;
+    if (a.code == 0 && b.code == EXIT_OOM) return n + (host_refused ? " (allocated; +1K refused: --host-mem-gib)" : " (allocated; +1K refused)");
     if (a.code == 0 && b.code == 0)  // the plan's runtime estimate is a little above this GPU's
         return n + " (allocated; +1K allocates too: the plan's runtime estimate is above this GPU's measured runtime)";
     if (lacks_pinned_memory(a)) return n + " (device fits; this machine lacks the pinned host memory)";
@@ -322,7 +326,8 @@ static int measure_ladder(const Options& o) {
         const StageMeasure s = measure_stage(o, k, layers, at_depth[k], tmp);
         const std::string longest = confirm_longest(o, k, cfg.n_layers, f.longest);
         char verdict[64], step[32] = "-";
-        snprintf(verdict, sizeof verdict, f.fits ? "fits %.1f GiB" : "OOM, needs %.1f GiB", f.total_gib);
+        if (!f.fits && f.total_gib <= ladder_cap(o)) snprintf(verdict, sizeof verdict, "OOM, host %.0f GiB", f.host_gib);
+        else snprintf(verdict, sizeof verdict, f.fits ? "fits %.1f GiB" : "OOM, needs %.1f GiB", f.total_gib);
         if (std::isfinite(s.step_s)) snprintf(step, sizeof step, "%.3f", s.step_s);
         printf("%-5d %-10s | %-22s | %8.2f %9.2f %8.2f %7.2f %7.2f | ", k, f.flags.c_str(), verdict, f.gib[MEM_MODEL],
                f.gib[MEM_ATTENTION], f.gib[MEM_OTHER], f.gib[MEM_COMM], f.host_gib);

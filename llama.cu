@@ -1397,13 +1397,14 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
 std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena) {
     const int L = m.cfg.n_layers;
     // The host holds the block inputs of every layer (and with --ckpt=selective the attention
-    // outputs and lse of layers 0 .. L-2): input l+1 is copied out right after layer l's forward,
-    // the attention output of layer l with it; the backward frees them from the last layer down.
+    // outputs and lse of the first att_host_layers): input l+1 is copied out right after layer
+    // l's forward, the attention output of layer l with it; the backward frees them from the last
+    // layer down.
     const int64_t T = m.shape.tokens();
     const int64_t host_x = m.plan.x_in == Hold::ON_HOST ? T * m.cfg.dim * 2 : 0;
     const int64_t host_att = m.plan.att == Hold::ON_HOST ? T * m.cfg.q_dim() * 2 + m.lse_elems * 4 : 0;
     auto host_at = [&](int inputs, int atts) {
-        return host_x * std::min(inputs, L) + host_att * std::min(atts, L - 1);
+        return host_x * std::min(inputs, L) + host_att * std::min(atts, m.plan.att_host_layers);
     };
     std::vector<MemTracePoint> pts;
     auto add = [&](const char* point, int layer, int event, int held, int64_t host) {

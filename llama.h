@@ -273,6 +273,7 @@ struct StepOptions {
     bool fused_attention = false;    // --attention fused: attention's backward adds dQ in an fp32 buffer
     int64_t chunk_tokens = 0;        // --chunk-tokens; 0: the hidden size (ALST's tile)
     int64_t loss_chunk_tokens = 0;   // 0: as many tokens as keep a chunk's logits near 1 GiB
+    double host_mem_gib = 240;       // --host-mem-gib: pinned host memory per GPU that --offload may plan
 };
 
 // How the step holds each kind of activation. The plain model keeps every activation of every
@@ -289,6 +290,8 @@ struct ActivationPlan {
     Hold x_in = Hold::PER_LAYER;        // block inputs: the residual stream entering each layer
     Hold qkv = Hold::PER_LAYER;         // q, k (after RoPE), v: attention's input
     Hold att = Hold::PER_LAYER;         // attention output and its log-sum-exp
+    int att_host_layers = 0;            // att ON_HOST: layers 0 .. this - 1 keep theirs on the host, the
+                                        // last layer's stays in the slot, the others rerun attention
     Hold x_mid = Hold::PER_LAYER;       // the residual stream between attention and MLP
     Hold norms_mlp = Hold::PER_LAYER;   // xn1, xn2 (norm outputs, their rstd), h13, act (MLP)
     Hold dqkv = Hold::SHARED;           // d q|k|v of this GPU's tokens
@@ -544,6 +547,8 @@ void ulysses_transpose_delta(float* out, const float* in, int64_t B, int64_t S, 
 // ---------------------------------------------------------------------------------------------
 // Activation checkpointing (checkpointing.cu): --ckpt, --ckpt=selective.
 void checkpointing_plan(Model& m);
+// Whether layer l's backward finds its attention output and lse kept from the forward (no rerun).
+bool attention_kept(const Model& m, int l);
 // Backward, before layer l's: rebuild q, k, v and (full checkpointing) the attention output.
 void recompute_attention(Model& m, int l, cudaStream_t s);
 // Backward, per chunk: rebuild what the chunk's backward reads and the plan did not keep.

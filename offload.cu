@@ -2,7 +2,9 @@
 // 07:48, with activation checkpointing, checkpointing.cu).
 //
 // Under --ckpt (which --offload implies) each layer keeps only its block input x_in (and under
-// --ckpt=selective its attention output and lse); everything else is recomputed. Those kept
+// --ckpt=selective its attention output and lse, for as many layers as the pinned host memory
+// that --host-mem-gib allows per GPU holds after the block inputs; the other layers rerun
+// attention in the backward); everything else is recomputed. Those kept
 // tensors still grow with the depth: L x T x 2D bytes of block inputs. With --offload they go to
 // pinned host memory as soon as they are produced, on a copy stream, and come back for the
 // layer's backward. The device keeps one staging slot for them:
@@ -19,7 +21,9 @@
 // Memory per GPU, for T local tokens and L layers (bytes):
 //   device: (L + 1) T 2D -> T 2D  (the residual stream: every layer's input and the last
 //           output; =selective: and L T (2 Hq d + 4 Hq) -> one slot of T (2 Hq d + 4 Hq))
-//   host:   L T 2 D [+ (L - 1) T (2 Hq d + 4 Hq)]  (the last layer's attention output stays)
+//   host:   L T 2 D [+ K T (2 Hq d + 4 Hq)]  (=selective: K layers' attention outputs, as many as
+//           --host-mem-gib holds, at most L - 1: the last layer's stays in its slot; 8B at 3M on
+//           8 GPUs: 96 + 93 GiB, all layers; at 5M: 160 GiB of inputs leave 80 for 15 layers)
 // Cost: host-device traffic. In the forward it hides: a layer's input is 2 D bytes per token (8
 // KiB for 8B), at a pinned copy's bandwidth (about 55 GB/s, docs/reference.md) 0.15 us per
 // token, against about 3.3 us per token of the layer's GEMMs alone (6 FLOPs x 218 M parameters,
@@ -29,7 +33,9 @@
 // slot would hide it for T 2D bytes more.
 //
 // Where --offload changes the step:
-//   offload_plan                  x_in (and a kept att, lse) move to the host, one device slot
+//   offload_plan                  x_in (and a kept att, lse) move to the host, one device slot;
+//                                 =selective: how many layers' att fit (att_host_layers)
+//   checkpointing.cu attention_kept   the other layers rerun attention in the backward
 //   llama.cu model_allocate       offload_create: the pinned host buffers and the copy stream
 //   llama.cu model_forward_backward
 //                                 offload_save_block_input after the embedding;
@@ -69,28 +75,36 @@ struct Offload {
 };
 
 static int64_t tokens(const Model& m) { return m.shape.tokens(); }
-static int64_t lse_count(const Model& m) { return m.lse_elems; }  // this GPU's heads (Ulysses: 1/N)
+// lse floats of one layer: this GPU's query heads (Ulysses: 1/N of them) over each whole sequence.
+static int64_t lse_count(const Model& m) {
+    return (int64_t)m.shape.batch * ulysses_heads(m.cfg, m.shape.sp).q * m.shape.seq;
+}
+static int64_t block_input_bytes(const Model& m) { return tokens(m) * m.cfg.dim * 2; }
+static int64_t attention_bytes(const Model& m) { return tokens(m) * m.cfg.q_dim() * 2 + lse_count(m) * 4; }
 
 void offload_plan(Model& m) {
     if (!m.opt.offload) return;
     m.plan.x_in = Hold::ON_HOST;
-    if (m.plan.att == Hold::PER_LAYER) m.plan.att = Hold::ON_HOST;  // --ckpt=selective
+    if (m.plan.att != Hold::PER_LAYER) return;
+    // --ckpt=selective: the attention outputs of as many layers as the pinned host memory left
+    // by the block inputs holds (--host-mem-gib); the last layer's stays in its slot anyway.
+    m.plan.att = Hold::ON_HOST;
+    const int L = m.cfg.n_layers;
+    const int64_t left = (int64_t)(m.opt.host_mem_gib * GiB) - L * block_input_bytes(m);
+    m.plan.att_host_layers = (int)std::clamp<int64_t>(left / attention_bytes(m), 0, std::max(0, L - 1));
 }
 
 static bool attention_on_host(const Model& m) { return m.plan.att == Hold::ON_HOST; }
 
-// Layers whose attention output goes to the host: all but the last, which stays in the slot.
+// Layers whose attention output goes to the host: the first att_host_layers.
 static int64_t host_attention_layers(const Model& m) {
-    return attention_on_host(m) ? std::max(0, m.cfg.n_layers - 1) : 0;
+    return attention_on_host(m) ? m.plan.att_host_layers : 0;
 }
 
 int64_t offload_host_bytes(const Model& m) {
     if (m.plan.x_in != Hold::ON_HOST) return 0;
-    const int64_t T = tokens(m);
-    return m.cfg.n_layers * T * m.cfg.dim * 2 +
-           host_attention_layers(m) * (T * m.cfg.q_dim() * 2 + lse_count(m) * 4);
+    return m.cfg.n_layers * block_input_bytes(m) + host_attention_layers(m) * attention_bytes(m);
 }
-
 void offload_create(Model& m) {
     if (m.plan.x_in != Hold::ON_HOST) return;
     Offload* o = new Offload();

@@ -93,6 +93,9 @@ std::string usage_text() {
            "\n"
            "Memory and output\n"
            "  --mem-cap-gib X      refuse what a card of X GiB could not hold (emulates an 80 GB H100 on an H200)\n"
+           "  --host-mem-gib X     pinned host memory per GPU that --offload may plan (default 240: one GPU's share of\n"
+           "                       an 8-GPU node's 2 TB); --ckpt=selective --offload keeps attention outputs for as\n"
+           "                       many layers as it holds and reruns attention for the rest\n"
            "  --plan               print the memory plan per category and exit (no GPU needed)\n"
            "  --log FILE           write one JSON object per step (plus one for the setup) to FILE\n"
            "  --dump FILE          write the first step's loss and every gradient (whole, float32) to FILE\n"
@@ -190,6 +193,7 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--task") o.task = need();
         else if (arg == "--task-vocab") o.task_vocab = (int)parse_int(arg, need(), 2, 1 << 30);
         else if (arg == "--mem-cap-gib") o.mem_cap_gib = parse_double(arg, need(), 0.001, 1e6);
+        else if (arg == "--host-mem-gib") o.step.host_mem_gib = parse_double(arg, need(), 0.001, 1e9);
         else if (arg == "--peak-tflops") o.peak_tflops = parse_double(arg, need(), 0.001, 1e6);
         else if (arg == "--log") o.log_path = need();
         else if (arg == "--timeline") o.timeline_path = need();
@@ -340,7 +344,10 @@ int64_t longest_context(const LlamaConfig& cfg, const Options& o, double cap_gib
                         int64_t granularity) {
     const int64_t sp = o.step.ulysses ? gpu_count(o) : 1;
     granularity = align_up(granularity, sp);  // Ulysses needs the sequence divisible by the GPUs
-    auto fits = [&](int64_t seq) { return plan_memory(cfg, o, seq).total_gib(runtime_gib) <= cap_gib; };
+    auto fits = [&](int64_t seq) {
+        MemoryPlan p = plan_memory(cfg, o, seq);
+        return p.total_gib(runtime_gib) <= cap_gib && p.host_bytes <= o.step.host_mem_gib * GiB;
+    };
     if (!fits(granularity)) return 0;
     int64_t lo = 1, hi = 2;  // in units of granularity: lo fits, hi is to be tested
     while (hi < (1LL << 32) / granularity * 256 && fits(hi * granularity)) lo = hi, hi *= 2;
@@ -628,6 +635,26 @@ static void print_run(const Run& r) {
         flags += " (chunks of " + std::to_string(r.m.plan.chunk_rows) + " tokens, loss " +
                  std::to_string(r.m.plan.loss_rows) + ")";
     printf("techniques: %s\n", flags.empty() ? "none (stage 0)" : flags.c_str());
+    const ActivationPlan& p = r.m.plan;
+    if (p.att == Hold::ON_HOST) {  // --ckpt=selective --offload within --host-mem-gib
+        const int L = c.n_layers, K = p.att_host_layers;
+        std::string rerun = K >= L - 1 ? "none" : K == L - 2 ? std::to_string(K) : std::to_string(K) + "-" + std::to_string(L - 2);
+        printf("selective checkpointing within --host-mem-gib %.0f: attention kept for %d of %d layers (%s on the host, "
+               "%d in its slot), rerun for layers %s\n",
+               o.step.host_mem_gib, K + 1, L, K ? ("0-" + std::to_string(K - 1)).c_str() : "none", L - 1, rerun.c_str());
+    }
+}
+
+// Pinned host memory beyond --host-mem-gib is an out-of-memory, reported before a GPU is touched.
+static void check_host_memory(const Run& r) {
+    const double budget = r.o.step.host_mem_gib;
+    if (r.host_bytes <= budget * GiB) return;
+    char msg[400];
+    snprintf(msg, sizeof msg,
+             "out of memory: the plan pins %.2f GiB of host memory per GPU for --offload; --host-mem-gib allows %.2f "
+             "(raise it on a machine that has the memory, or reduce --seq-len, --batch or --layers)",
+             r.host_bytes / GiB, budget);
+    throw Fatal(EXIT_OOM, msg);
 }
 
 // --attention auto (the default): does the plan still fit under the cap with the fused
@@ -669,6 +696,9 @@ static int print_plan(Run& r) {
     }
     printf("%s", plan_text(r.arena, r.host_bytes, rt, false).c_str());
     printf("%s", largest_buffers_text(r.arena, 30).c_str());
+    if (r.host_bytes > 0)
+        printf("host %.2f GiB (--host-mem-gib): %s\n", o.step.host_mem_gib,
+               r.host_bytes <= o.step.host_mem_gib * GiB ? "fits" : "OOM");
     if (o.mem_cap_gib > 0) {
         double need = r.arena.total() / GiB + rt;
         if (need <= o.mem_cap_gib) printf("cap %.2f GiB: fits\n", o.mem_cap_gib);
@@ -677,8 +707,15 @@ static int print_plan(Run& r) {
         Options lean = o;  // at the longest context, auto falls back to the lean backward
         if (o.attention == "auto") lean.step.fused_attention = false;
         int64_t longest = longest_context(r.cfg, lean, o.mem_cap_gib, rt);
-        printf("longest context under %.2f GiB with these flags: %lld tokens (%.2fM)\n", o.mem_cap_gib,
+        printf("longest context under %.2f GiB with these flags: %lld tokens (%.2fM)", o.mem_cap_gib,
                (long long)longest, longest / 1048576.0);
+        Options device_only = lean;  // what the device alone would hold
+        device_only.step.host_mem_gib = 1e12;
+        const int64_t device_longest = longest_context(r.cfg, device_only, o.mem_cap_gib, rt);
+        if (device_longest > longest)
+            printf("; host memory binds (%.0f GiB): the device alone holds %lld (%.2fM)", o.step.host_mem_gib,
+                   (long long)device_longest, device_longest / 1048576.0);
+        printf("\n");
     }
     return EXIT_OK;
 }
@@ -997,6 +1034,7 @@ static int run(const Options& o, const Launch& launch) {
     plan_run(r);
     if (r.lead) print_run(r);
     if (o.plan) return print_plan(r);
+    check_host_memory(r);
     open_inputs(r);
     open_gpu(r);
     if (o.attention == "auto") choose_attention(r);
@@ -1022,6 +1060,7 @@ static void check_before_launch(const Options& o) {
     r.o = o;
     r.launch.world = o.nproc;
     plan_run(r);
+    check_host_memory(r);
     open_inputs(r);
 }
 

@@ -453,6 +453,22 @@ TEST(Binary, VocabularyPieces) {
                 0.01);
 }
 
+// --host-mem-gib: pinned host memory beyond it is an out-of-memory before any GPU work, and
+// --ckpt=selective --offload keeps as many layers' attention outputs as it holds. 8B at 5M on 8
+// GPUs: the block inputs take 32 x 5 GiB of the 240, which leave 80 for 15 layers' outputs (5.08
+// GiB each); the last layer's stays in its slot.
+TEST(Binary, HostMemoryBudget) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    expect_exit("--config tiny --seq-len 8K --offload --steps 1 --host-mem-gib 0.001", 3, "--host-mem-gib allows");
+    Result r = run_train("--plan --sim-world 8 --stage 6 --ckpt=selective --config llama3.1-8b --seq-len 5M --mem-cap-gib 80");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("attention kept for 16 of 32 layers (0-14 on the host, 31 in its slot), rerun for layers 15-30"),
+              std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("host 240.00 GiB (--host-mem-gib): fits"), std::string::npos) << r.output;
+    // The longest context: 7.5M tokens need exactly 240 GiB of block inputs; the device would hold more.
+    EXPECT_NE(r.output.find("7864320 tokens (7.50M); host memory binds"), std::string::npos) << r.output;
+}
+
 TEST(Ladder, RefusesTheFlagsItSetsItself) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     for (const char* flags : {"--stage 3", "--fsdp", "--ulysses", "--ckpt", "--ckpt=selective", "--offload",

@@ -132,6 +132,42 @@ TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
     }
 }
 
+// --ckpt=selective --offload within a host budget (--host-mem-gib) that holds the attention
+// outputs of only K layers: those layers skip the attention rerun, the others rerun it. Either way
+// the same kernels see the same inputs, so the step equals --ckpt --offload bit for bit, for every K.
+TEST_P(Techniques, SelectiveWithinHostBudgetIsCkptBitForBit) {
+    REQUIRE_GPU();
+    LlamaConfig cfg = config_by_name(GetParam());
+    cfg.n_layers = 4;
+    const int B = 2;
+    const int64_t S = 150;
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
+    const double T = B * S;
+    const double inputs = cfg.n_layers * T * cfg.dim * 2, per_layer = T * cfg.q_dim() * 2 + (double)B * cfg.n_heads * S * 4;
+    for (int untied : {0, 1}) {
+        StepOptions full;
+        full.ckpt = full.offload = true, full.untied = untied;
+        StepResult ref = run_variant(cfg, full, B, S, seed);
+        for (int K = 0; K < cfg.n_layers; K++) {
+            StepOptions o = full;
+            o.selective = true;
+            o.host_mem_gib = (inputs + (K + 0.5) * per_layer) / GiB;
+            Model plan;  // what the budget keeps
+            plan.cfg = cfg, plan.opt = o, plan.shape.batch = B, plan.shape.seq = S;
+            Arena dry;
+            model_declare_buffers(plan, dry);
+            ASSERT_EQ(plan.plan.att_host_layers, K);
+            StepResult r = run_variant(cfg, o, B, S, seed);
+            printf("  untied=%d, attention kept on the host for %d of %d layers: loss %.6f (--ckpt %.6f)\n", untied, K,
+                   cfg.n_layers, r.loss, ref.loss);
+            EXPECT_EQ(r.loss, ref.loss) << "K " << K;
+            EXPECT_TRUE(r.grads == ref.grads) << "K " << K << ": rel error " << rel_error(r.grads, ref.grads);
+            EXPECT_EQ(r.curve, ref.curve) << "K " << K;
+        }
+    }
+}
+
 // tiny-hd128: head dim 128, so on Hopper every technique runs attention_hopper.cu's kernels.
 INSTANTIATE_TEST_SUITE_P(Configs, Techniques, ::testing::Values("tiny", "tiny-untied", "tiny-hd128"),
                          [](const auto& info) {
