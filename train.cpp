@@ -651,7 +651,7 @@ static void check_host_memory(const Run& r) {
     if (r.host_bytes <= budget * GiB) return;
     char msg[400];
     snprintf(msg, sizeof msg,
-             "out of memory: the plan pins %.2f GiB of host memory per GPU for --offload; --host-mem-gib allows %.2f "
+             "out of memory: the plan pins %.4g GiB of host memory per GPU for --offload; --host-mem-gib allows %.4g "
              "(raise it on a machine that has the memory, or reduce --seq-len, --batch or --layers)",
              r.host_bytes / GiB, budget);
     throw Fatal(EXIT_OOM, msg);
