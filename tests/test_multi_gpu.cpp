@@ -118,9 +118,13 @@ TEST(MultiGpu, VocabularyPiecesMatchOneGpu) {
         SCOPED_TRACE(cfg);
         const std::string common = std::string("--config ") + cfg +
                                    " --layers 3 --task random --steps 3 --lr 2e-3 --seed 5 --seq-len 200 --vocab-pieces 3";
+        // Data parallel (a sequence per GPU) against both sequences on one GPU ...
         expect_same_as_one_gpu(common, "--batch 2",
-                               {"--nproc 2 --batch 1 --fsdp", "--nproc 2 --batch 1 --fsdp --stage 5 --loss-chunk-tokens 72"});
-        expect_same_as_one_gpu(common + " --batch 1", "", {"--nproc 2 --stage 6 --chunk-tokens 56"});
+                               {"--nproc 2 --batch 1 --fsdp",
+                                "--nproc 2 --batch 1 --fsdp --ckpt --offload --chunked --loss-chunk-tokens 72"});
+        // ... and one sequence split over two (Ulysses, stages 5 and 6) against it on one GPU.
+        expect_same_as_one_gpu(common + " --batch 1", "",
+                               {"--nproc 2 --stage 5 --loss-chunk-tokens 72", "--nproc 2 --stage 6 --chunk-tokens 56"});
     }
 }
 
