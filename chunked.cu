@@ -46,7 +46,8 @@
 //                                 buffers become one shared chunk (recomputed per chunk)
 //   llama.cu layer_forward, layer_backward
 //                                 FOR_EACH_CHUNK walks C tokens at a time
-//   llama.cu head_forward_backward  walks C_loss tokens at a time
+//   llama.cu for_each_loss_chunk  the head walks C_loss tokens at a time (its logits buffer holds
+//                                 one vocabulary piece's columns, common.h)
 //   checkpointing.cu              recompute_mlp_inputs and recompute_attention_norm rebuild the
 //                                 chunk's xn2, h13, act and xn1 in the backward
 //   untied.cu                     the normalized input of the projections, chunk by chunk

@@ -17,6 +17,10 @@
 //   logits = rmsnorm(x) @ Whead^T                       [T, V]
 //   loss = mean cross-entropy; dlogits overwrite logits in the same kernel
 //
+// The embedding and the LM head come in units of vocabulary rows, each no larger than a layer
+// (common.h param_layout): the lookup fills each token's row from its piece, and the head takes
+// two passes over its pieces when there are several (lm_head_in_pieces), one when there is one.
+//
 // The backward walks the same path in reverse with one residual-gradient buffer `dres` that
 // every branch adds into. Weight gradients accumulate in fp32 (GEMMs with beta = 1) into a flat
 // gradient buffer zeroed at the start of the step; every reduction is deterministic (fixed
