@@ -27,18 +27,20 @@
 //
 // Memory, per GPU, for T local tokens (bytes; the "other" category):
 //   without --chunked: MLP work 2 T (2D + 3F) + 8 T and its gradients 2 T (D + 3F);
-//                      logits 2 T V (their gradient overwrites them)
+//                      logits 2 T V / k, one of k vocabulary pieces (common.h; their
+//                      gradient overwrites them)
 //   with --chunked:    the same with T replaced by C (MLP) and C_loss (logits)
-// e.g. Llama 3.1 8B, T = 393216 (3M tokens over 8 GPUs): logits 94 GiB -> 1 GiB, MLP work and
-// its gradients 72 GiB -> 0.75 GiB (C = 4096).
+// e.g. Llama 3.1 8B, T = 393216 (3M tokens over 8 GPUs), k = 3: logits 31 GiB -> 0.33 GiB, MLP
+// work and its gradients 72 GiB -> 0.75 GiB (C = 4096).
 // Cost: without --ckpt, the chunk's norm, up projection and activation run again in the
 // backward, 4 D F of the MLP's 18 D F FLOPs per token (about 2/9 more in the MLP); with --ckpt
-// they are recomputed anyway, so chunking adds no FLOPs. Smaller GEMMs run a little slower. The
-// logits GEMM is not repeated (the loss and its gradient come out of one pass).
+// they are recomputed anyway, so chunking adds no FLOPs. Smaller GEMMs run a little slower.
+// Chunking does not repeat the logits GEMM (the vocabulary pieces do: llama.cu lm_head_in_pieces).
 //
 // Chunk sizes: C defaults to the hidden size (ALST's choice: a tile of D tokens keeps the MLP's
-// GEMMs large enough to run at full speed); C_loss keeps one chunk's bf16 logits near 1 GiB
-// (4096 tokens for a 128K vocabulary). Neither needs to divide T.
+// GEMMs large enough to run at full speed); C_loss keeps one chunk's bf16 logits over the whole
+// vocabulary near 1 GiB (4096 tokens for a 128K vocabulary), of which the buffer holds one
+// piece's columns. Neither needs to divide T.
 //
 // The plain model already walks its tokens this way, in one chunk of all T tokens; --chunked
 // only makes the chunks smaller. Where --chunked changes the step:
@@ -63,7 +65,8 @@ static int64_t chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_
     return std::max<int64_t>(1, std::min(k, T));
 }
 
-// Tokens of a chunk of the LM head and loss: --loss-chunk-tokens, or bf16 logits near 1 GiB.
+// Tokens of a chunk of the LM head and loss: --loss-chunk-tokens, or bf16 logits over the whole
+// vocabulary near 1 GiB (the buffer holds one vocabulary piece's columns of them).
 static int64_t loss_chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T) {
     int64_t k = o.loss_chunk_tokens;
     if (k <= 0) k = std::max<int64_t>(256, ((1LL << 30) / (2LL * c.vocab)) / 256 * 256);

@@ -63,7 +63,7 @@ struct LlamaConfig {
     RopeScaling rope_scaling;
     bool tied_embeddings = false;  // LM head reuses the token embedding
     // Units of vocabulary rows the embedding and the LM head are cut into (param_layout); 0: as
-    // few as keep each within a layer's size. Tests set it to exercise several pieces.
+    // few as keep each within about a layer's size. Tests set it to exercise several pieces.
     int vocab_pieces = 0;
 
     int64_t q_dim() const { return (int64_t)n_heads * head_dim; }
@@ -135,8 +135,8 @@ inline LlamaConfig config_by_name(const std::string& name) {
 //   k + l              layer l
 //   k + L              the final norm
 //   k + L + 1 ..       the LM head, cut the same way (untied only)
-// The vocabulary pieces keep every unit within a layer's size, so FSDP's slots, sized by the
-// largest unit, hold a layer: the embedding and the head of a 128K vocabulary are 2.4 layers each
+// The vocabulary pieces keep every unit within about a layer's size, so FSDP's slots, sized by
+// the largest unit, hold a layer: the embedding and the head of a 128K vocabulary are 2.4 layers each
 // in Llama 3.1 8B (fsdp.cu). A piece's rows start at a multiple of PIECE_ROWS.
 //
 // Matrices are [out_features, in_features] row-major, as in PyTorch/HF. Each tensor starts at a
@@ -190,11 +190,13 @@ inline int64_t layer_params(const LlamaConfig& c) {
            a((int64_t)c.dim * c.ffn_dim);
 }
 
-// Vocabulary pieces: c.vocab_pieces, or as few as keep a piece of V x D within a layer's size.
+// Vocabulary pieces: c.vocab_pieces, or as few as keep a piece of V x D within about a layer's
+// size (boundaries round up to PIECE_ROWS rows).
 inline int vocab_piece_count(const LlamaConfig& c) {
     if (c.vocab_pieces > 0) return c.vocab_pieces;
     const int64_t table = (int64_t)c.vocab * c.dim, layer = std::max<int64_t>(1, layer_params(c));
-    return (int)std::max<int64_t>(1, (table + layer - 1) / layer);
+    const int64_t most = std::max<int64_t>(1, c.vocab / PIECE_ROWS);  // a piece holds PIECE_ROWS rows at least
+    return (int)std::min<int64_t>(std::max<int64_t>(1, (table + layer - 1) / layer), most);
 }
 
 inline ParamLayout param_layout(const LlamaConfig& c) {

@@ -774,7 +774,7 @@ namespace {
 // Version 2: the units of the layout (and so the FSDP shards) include the vocabulary pieces.
 struct StateHeader {
     char magic[8] = {'L', 'L', 'S', 'T', 'A', 'T', 'E', '2'};
-    int64_t step, data_state, world, rank, fsdp, local_params, layout_total, dim, layers, vocab;
+    int64_t step, data_state, world, rank, fsdp, local_params, layout_total, dim, layers, vocab, vocab_pieces;
 };
 }  // namespace
 
@@ -789,7 +789,7 @@ void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t d
     StateHeader h;
     h.step = step, h.data_state = (int64_t)data_state, h.world = m.world, h.rank = rank, h.fsdp = m.opt.fsdp;
     h.local_params = m.local_params, h.layout_total = m.layout.total;
-    h.dim = m.cfg.dim, h.layers = m.cfg.n_layers, h.vocab = m.cfg.vocab;
+    h.dim = m.cfg.dim, h.layers = m.cfg.n_layers, h.vocab = m.cfg.vocab, h.vocab_pieces = m.layout.vocab_pieces();
     std::vector<float> buf(m.local_params);
     AtomicFile f(step_dir + "/rank-" + std::to_string(rank) + ".state");
     f.write(&h, sizeof h);
@@ -847,6 +847,7 @@ bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t*
     mismatch("hidden size", h.dim, m.cfg.dim);
     mismatch("layers", h.layers, m.cfg.n_layers);
     mismatch("vocabulary", h.vocab, m.cfg.vocab);
+    mismatch("vocabulary pieces", h.vocab_pieces, m.layout.vocab_pieces());  // they cut the FSDP shards
     mismatch("parameters per GPU", h.local_params, m.local_params);
     if (f.size != sizeof h + 3 * (size_t)m.local_params * sizeof(float))
         usage_error("--resume: '" + path + "' is truncated or corrupt");

@@ -7,7 +7,7 @@
 // into one of two unit slots (the one in use and the next, prepared ahead on the communication
 // stream while compute runs). A unit is a layer, the final norm, or a piece of vocabulary rows
 // of the embedding or of the untied LM head (common.h param_layout): the pieces keep every unit
-// within a layer's size, so the slots hold a layer.
+// within about a layer's size, so the slots hold a layer.
 //
 // Replicated. Every GPU holds every parameter's model states. Each GPU trains on its own
 // sequences; once a unit's gradient is complete in the backward it is all-reduced (summed) on
@@ -37,19 +37,23 @@
 // gradient shard. AdamW then updates each GPU's shard; gradient clipping sums the shards'
 // squares over all GPUs.
 //
-// Cost: every step converts and gathers the parameters twice in bf16 (in the forward and in the
-// backward; the LM head's pieces twice in the head, llama.cu lm_head_in_pieces; a tied embedding
-// once more, for the head) and reduce-scatters the gradients once in fp32, all overlapped with
-// compute except in the head, whose final norm holds one slot while its pieces pass through the
-// other. The conversion reads 4 and writes 2 bytes per parameter of
-// this GPU's share, twice a step: about 6 x 2 x 8.0e9 / N bytes for 8B, milliseconds.
+// Cost: every step converts and gathers each unit in bf16 as often as the step uses it: the
+// layers twice (in the forward and in the backward), the embedding once (the lookup), the LM
+// head's pieces twice (the head's two passes, llama.cu lm_head_in_pieces; once with one piece),
+// a tied embedding once more per head pass. It reduce-scatters the gradients once in fp32. All of
+// it overlaps with compute except in the head, whose final norm holds one slot while its pieces
+// pass through the other. The conversion reads 4 and writes 2 bytes per parameter of this GPU's
+// share each time: about 6 x 2 x 8.0e9 / N bytes a step for 8B, milliseconds.
 //
 // Where --fsdp changes the step:
 //   llama.cu declare_model_states   model states hold this GPU's shards (fsdp_local_params)
 //   fsdp_declare_buffers            the unit slots are gathered (comm), two unit-gradient slots
-//   llama.cu model_forward_backward fsdp_grad_begin / fsdp_grad_end around each unit's
+//   llama.cu model_forward_backward, embedding_lookup(_backward), head_forward_backward,
+//            lm_head_whole, lm_head_in_pieces
+//                                   fsdp_grad_begin / fsdp_grad_end around each unit's
 //                                   backward (the reduce-scatter); fsdp_acquire / fsdp_release
-//                                   around each use of a unit's weights (both paths: the slots)
+//                                   around each use of a unit's weights (both paths: the slots),
+//                                   in the order fsdp_step_begin lists, which fsdp_step_end checks
 //   llama.cu model_init_weights, model_optimizer_step
 //                                   each GPU initializes and updates its own shard
 //                                   (fsdp_segments); the gradient norm sums over the shards
@@ -170,7 +174,8 @@ static void comm_after_compute(Model& m, cudaStream_t s) {
 void fsdp_step_begin(Model& m, cudaStream_t s) {
     Fsdp& f = *m.fsdp;
     CUDA_CHECK(cudaMemsetAsync(m.grad, 0, m.local_params * sizeof(float), s));
-    // The order in which the step acquires the units (llama.cu model_forward_backward).
+    // The order in which the step acquires the units (llama.cu: embedding_lookup, the layers,
+    // head_forward_backward and lm_head_in_pieces, the layers again). fsdp_step_end checks it.
     const ParamLayout& lay = m.layout;
     const int L = m.cfg.n_layers, k = lay.vocab_pieces();
     f.order.clear();
@@ -279,6 +284,9 @@ void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s) {
 }
 
 void fsdp_step_end(Model& m, cudaStream_t s) {  // the optimizer writes what the slots were made from
+    Fsdp& f = *m.fsdp;
+    if (f.next_gather != f.order.size() || !f.ws[0].free || !f.ws[1].free)
+        throw std::logic_error("FSDP: the step did not acquire and release every unit of fsdp_step_begin's order");
     CUDA_CHECK(cudaEventRecord(m.fsdp->mark, m.comm_stream));
     CUDA_CHECK(cudaStreamWaitEvent(s, m.fsdp->mark, 0));
 }

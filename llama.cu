@@ -804,7 +804,7 @@ void init_constant(float* x, int64_t n, float value, cudaStream_t s) {
 // step (ladder stage 0) keeps, per token and layer, in bytes:
 //   other:     2 (4 D + 3 F) + 8          (x_in, xn1, x_mid, xn2, h13, act; two rstd)
 //   attention: 2 (qkv_dim + Hq d) + 4 Hq  (qkv, att, lse)
-// plus logits 2 V per token, and 16 bytes per parameter for model states (fp32 master, grad,
+// plus logits 2 V per token (per vocabulary piece: 2 V / k), and 16 bytes per parameter for model states (fp32 master, grad,
 // two AdamW moments; the bf16 weights exist only for the two units in use, fsdp.cu).
 static ActivationPlan plain_plan(const Model& m) {
     ActivationPlan p;  // every activation kept per layer
@@ -960,7 +960,7 @@ void model_declare_buffers(Model& m, Arena& A) {
     m.plan = plain_plan(m);
     ulysses_plan(m);        // --ulysses: d q|k|v arrives in Ulysses's staging
     checkpointing_plan(m);  // --ckpt: keep block inputs only (=selective: and attention output)
-    offload_plan(m);        // --offload: what is kept lives on the host, staged through two slots
+    offload_plan(m);        // --offload: what is kept lives on the host, staged through one slot
     chunked_plan(m);        // --chunked: layers and the head walk their tokens in chunks
     untied_plan(m);         // --untied: attention's inputs and gradients per head chunk, its own buffers
 
@@ -1255,7 +1255,7 @@ static void lm_head_whole(Model& m, cudaStream_t s) {
 //                 dW_p += d logits^T norm(x) (fp32, the piece's gradient unit)
 // then the final norm's backward turns d norm(x) into d x_final, chunk by chunk.
 // Cost: the logits GEMM twice, 2 T D V FLOPs more per step (about 2% of an 8B step at 8K tokens,
-// 0.2% at 3M), and d norm(x) rounded to bf16 once per piece. Every piece's unit is acquired here
+// 0.04% at 3M), and d norm(x) rounded to bf16 once per piece. Every piece's unit is acquired here
 // (FSDP: gathered; the final norm's unit is held by the caller).
 static void lm_head_in_pieces(Model& m, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
@@ -1377,7 +1377,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     for (int l = L - 1; l >= 0; l--) {
         fsdp_acquire(m, layer_unit(l), s);
         fsdp_grad_begin(m, layer_unit(l), s);
-        offload_before_layer_backward(m, l, s);  // layer l's kept tensors back; l-1's on their way
+        offload_before_layer_backward(m, l, s);  // layer l's kept tensors back in the slot
         layer_backward(m, l, s);
         offload_after_layer_backward(m, l, s);
         fsdp_grad_end(m, layer_unit(l), true, s);

@@ -390,16 +390,23 @@ struct Model {
     size_t gemm_workspace_bytes = 32u << 20;
 
     const ParamTensor& param(ParamKind k, int layer = -1) const { return layout.find(k, layer); }
-    bf16* w(ParamKind k, int layer = -1) const {
+    // A tensor that lies in one unit (the embedding and LM head in several pieces: w_piece).
+    const ParamTensor& whole(ParamKind k, int layer) const {
         const ParamTensor& t = param(k, layer);
+        if (t.offset + t.numel() > layout.unit_begin[t.unit + 1])
+            throw std::logic_error(std::string(param_kind_name(k)) + " spans several units: use w_piece / g_piece");
+        return t;
+    }
+    bf16* w(ParamKind k, int layer = -1) const {
+        const ParamTensor& t = whole(k, layer);
         return unit_w[t.unit] + (t.offset - layout.unit_begin[t.unit]);
     }
     float* g(ParamKind k, int layer = -1) const {
-        const ParamTensor& t = param(k, layer);
+        const ParamTensor& t = whole(k, layer);
         return unit_g[t.unit] + (t.offset - layout.unit_begin[t.unit]);
     }
     // Vocabulary piece p of the embedding (P_EMBED) or the untied LM head (P_LM_HEAD): its rows
-    // layout.piece_row[p] .. are one unit, whose start they are. (w and g reach piece 0 only.)
+    // layout.piece_row[p] .. are one unit, whose start they are.
     int piece_unit(ParamKind k, int p) const { return k == P_EMBED ? layout.embed_unit(p) : layout.head_unit(p); }
     bf16* w_piece(ParamKind k, int p) const { return unit_w[piece_unit(k, p)]; }
     float* g_piece(ParamKind k, int p) const { return unit_g[piece_unit(k, p)]; }
@@ -491,7 +498,7 @@ void model_sync(Model& m, cudaStream_t s);
 // A unit is a piece of the embedding, a layer, the final norm or a piece of the LM head
 // (common.h param_layout).
 int64_t fsdp_local_params(const LlamaConfig& c, bool sharded, int world);  // elements per GPU
-void fsdp_declare_buffers(Model& m, Arena& A);  // comm-category slots under --fsdp
+void fsdp_declare_buffers(Model& m, Arena& A);  // the two bf16 unit slots (comm under --fsdp, else model), gradient slots
 void fsdp_create(Model& m);
 void fsdp_destroy(Model& m);
 void fsdp_step_begin(Model& m, cudaStream_t s);

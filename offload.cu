@@ -23,7 +23,7 @@
 //           output; =selective: and L T (2 Hq d + 4 Hq) -> one slot of T (2 Hq d + 4 Hq))
 //   host:   L T 2 D [+ K T (2 Hq d + 4 Hq)]  (=selective: K layers' attention outputs, as many as
 //           --host-mem-gib holds, at most L - 1: the last layer's stays in its slot; 8B at 3M on
-//           8 GPUs: 96 + 93 GiB, all layers; at 5M: 160 GiB of inputs leave 80 for 15 layers)
+//           8 GPUs: 96 + 94.5 GiB, all layers; at 5M: 160 GiB of inputs leave 80 for 15 layers)
 // Cost: host-device traffic. In the forward it hides: a layer's input is 2 D bytes per token (8
 // KiB for 8B), at a pinned copy's bandwidth (about 55 GB/s, docs/reference.md) 0.15 us per
 // token, against about 3.3 us per token of the layer's GEMMs alone (6 FLOPs x 218 M parameters,
@@ -53,8 +53,8 @@
 
 struct Offload {
     bf16* host_x = nullptr;     // [L, T, D] block inputs of every layer
-    bf16* host_att = nullptr;   // [L - 1, T, Hq d] attention outputs (selective)
-    float* host_lse = nullptr;  // [L - 1, B Hq S]
+    bf16* host_att = nullptr;   // [K, T, Hq d] attention outputs of the first K = att_host_layers (selective)
+    float* host_lse = nullptr;  // [K, B Hq S]
     int64_t host_bytes = 0;
     cudaStream_t copy = nullptr;
     cudaEvent_t compute_mark = nullptr;    // recorded on the compute stream before each copy

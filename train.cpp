@@ -31,7 +31,7 @@ std::string usage_text() {
            "  --config NAME        " + known_config_names() + " (default llama3.2-3b)\n"
            "  --layers N           override the number of transformer layers\n"
            "  --vocab-pieces N     units of vocabulary rows the embedding and LM head are cut into (default: as few as\n"
-           "                       keep each within a layer's size, 3 for Llama 3.1 8B; 1 keeps the head in one pass)\n"
+           "                       keep each within about a layer's size, 3 for Llama 3.1 8B; 1 keeps the head in one pass)\n"
            "  --seq-len N          tokens per sequence; suffixes K (x1024) and M (x1024^2), e.g. 8K, 3M (default 8K)\n"
            "  --batch N            sequences per step (default 1)\n"
            "  --task copy|random   synthetic data: copy = second half repeats the first (learnable only by\n"
@@ -710,7 +710,7 @@ static int print_plan(Run& r) {
         printf("longest context under %.2f GiB with these flags: %lld tokens (%.2fM)", o.mem_cap_gib,
                (long long)longest, longest / 1048576.0);
         Options device_only = lean;  // what the device alone would hold
-        device_only.step.host_mem_gib = 1e12;
+        device_only.step.host_mem_gib = 1e9;  // the flag's largest value: no bound
         const int64_t device_longest = longest_context(r.cfg, device_only, o.mem_cap_gib, rt);
         if (device_longest > longest)
             printf("; host memory binds (%.0f GiB): the device alone holds %lld (%.2fM)", o.step.host_mem_gib,

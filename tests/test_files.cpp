@@ -642,6 +642,10 @@ TEST(Resume, FromAnEarlierCheckpointReproducesTheLosses) {
     auto la = losses_by_step(dir + "/a.jsonl"), lb = losses_by_step(dir + "/b.jsonl");
     ASSERT_EQ(lb.size(), 2u) << b.output;
     for (auto& kv : lb) EXPECT_EQ(kv.second, la[kv.first]) << "step " << kv.first;
+    // Other vocabulary pieces cut the shards differently: refused, not loaded scrambled.
+    Result c = sh(common + " --vocab-pieces 2 --state-dir " + dir + "/ck --resume");
+    EXPECT_EQ(c.code, 2) << c.output;
+    EXPECT_NE(c.output.find("vocabulary pieces 1, this run has 2"), std::string::npos) << c.output;
 }
 
 TEST(Resume, AfterAKillAtAnyMoment) {
