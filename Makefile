@@ -122,6 +122,17 @@ long: train
 	    --task random $(LONG_ARGS) --log $(LONG_OUT)/long_$(LONG_CONFIG)_$$seq.jsonl || exit 1; \
 	done
 
+# Tokens/s per GPU at full depth for long contexts (issue 22): two layers of each model at each
+# length, one rerunning attention and one keeping its output, and the rest of the step, added up
+# to the full depth the plan gives (bench/throughput.sh, bench/throughput.py). About 15 GPU
+# minutes for 8B at 3M, 4M and 5M on one H200. Output under THROUGHPUT_OUT.
+THROUGHPUT_CONFIGS ?= llama3.1-8b llama3.2-3b
+THROUGHPUT_SEQS ?= 3M 4M 5M
+THROUGHPUT_OUT ?= gpu_logs/throughput
+throughput: train
+	@CONFIGS='$(THROUGHPUT_CONFIGS)' SEQS='$(THROUGHPUT_SEQS)' NODE_GPUS='$(NODE_GPUS)' OUT='$(THROUGHPUT_OUT)' \
+	  bash bench/throughput.sh
+
 # The attention kernels the model uses, each shape checked against attention.cu's first, then
 # PyTorch's SDPA on the same shapes. BENCH_SEQS=...,1M adds a million tokens (the reference
 # check alone then takes minutes; BENCH_ARGS=--no-check skips it, --reference times attention.cu).
@@ -138,7 +149,7 @@ bench: build/bench_attention
 clean:
 	rm -rf build train
 
-.PHONY: all test run bench ladder long clean
+.PHONY: all test run bench ladder long throughput clean
 .SECONDARY:
 
 # The figures: every notebook in notebooks/ runs headless over the committed results (a copy with
