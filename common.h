@@ -168,6 +168,7 @@ struct ParamLayout {
     int num_units() const { return (int)unit_begin.size() - 1; }
     int64_t unit_size(int u) const { return unit_begin[u + 1] - unit_begin[u]; }
     int vocab_pieces() const { return (int)piece_row.size() - 1; }
+    int64_t piece_rows(int p) const { return piece_row[p + 1] - piece_row[p]; }
     int embed_unit(int piece) const { return piece; }
     int layer_unit(int l) const { return vocab_pieces() + l; }
     int final_norm_unit() const { return vocab_pieces() + n_layers; }

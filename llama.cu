@@ -849,6 +849,10 @@ static void declare_model_states(Model& m, Arena& A) {
     m.adam_v = A.take<float>("AdamW second moment", MEM_MODEL, P);
 }
 
+int64_t layer_lse_floats(const Model& m) {
+    return (int64_t)m.shape.batch * ulysses_heads(m.cfg, m.shape.sp).q * m.shape.seq;
+}
+
 // Every layer's activations, as the plan holds them.
 static void declare_activations(Model& m, Arena& A) {
     const LlamaConfig& c = m.cfg;
@@ -858,7 +862,7 @@ static void declare_activations(Model& m, Arena& A) {
     // Attention's view: the whole sequence, this GPU's heads (all of them without Ulysses).
     const UlyssesHeads heads = ulysses_heads(c, m.shape.sp);
     const int64_t S_rows = T * m.shape.sp, WH = heads.width(c.head_dim);
-    const int64_t lse_n = m.lse_elems = (int64_t)m.shape.batch * heads.q * m.shape.seq;
+    const int64_t lse_n = layer_lse_floats(m);
     for (int64_t& b : m.saved_per_layer) b = 0;
 
     // The residual stream: every layer's input and the last layer's output (L + 1 slots).
@@ -910,8 +914,7 @@ static void declare_head_and_gradients(Model& m, Arena& A) {
     // loss when it comes in several pieces (lm_head_in_pieces).
     const ParamLayout& lay = m.layout;
     int64_t piece_width = 0;
-    for (int p = 0; p < lay.vocab_pieces(); p++)
-        piece_width = std::max(piece_width, lay.piece_row[p + 1] - lay.piece_row[p]);
+    for (int p = 0; p < lay.vocab_pieces(); p++) piece_width = std::max(piece_width, lay.piece_rows(p));
     m.logits = A.take<bf16>("logits", MEM_OTHER, m.plan.loss_rows * piece_width);
     m.losses = A.take<float>("per-token losses", MEM_OTHER, T);
     if (lay.vocab_pieces() > 1) {
@@ -924,7 +927,7 @@ static void declare_head_and_gradients(Model& m, Arena& A) {
     if (m.plan.dqkv != Hold::NONE) m.dqkv = A.take<bf16>("d qkv", MEM_ATTENTION, T * c.qkv_dim());
     if (m.plan.datt != Hold::NONE) {
         m.datt = A.take<bf16>("d attention output", MEM_ATTENTION, T * c.q_dim());
-        m.delta = A.take<float>("attention delta", MEM_ATTENTION, m.lse_elems);
+        m.delta = A.take<float>("attention delta", MEM_ATTENTION, layer_lse_floats(m));
     }
     m.dq_accum = nullptr;
     if (m.opt.fused_attention && m.plan.dq_sums != Hold::NONE)  // 4 bytes per dQ element of one call
@@ -1264,7 +1267,7 @@ static void lm_head_in_pieces(Model& m, cudaStream_t s) {
     const int k = lay.vocab_pieces();
     const ParamKind head = lm_head_kind(m);
     for (int p = 0; p < k; p++) {  // the loss
-        const int64_t v0 = lay.piece_row[p], V = lay.piece_row[p + 1] - v0;
+        const int64_t v0 = lay.piece_row[p], V = lay.piece_rows(p);
         fsdp_acquire(m, m.piece_unit(head, p), s);
         for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
             linear_forward(m.logits, m.xnf, m.w_piece(head, p), nullptr, n, D, V, s);
@@ -1275,7 +1278,7 @@ static void lm_head_in_pieces(Model& m, cudaStream_t s) {
     }
     cross_entropy_piece_loss(m.losses, m.token_lse, m.token_sumexp, m.target_logit, m.targets, m.shape.tokens(), s);
     for (int p = 0; p < k; p++) {  // the backward
-        const int64_t v0 = lay.piece_row[p], V = lay.piece_row[p + 1] - v0;
+        const int64_t v0 = lay.piece_row[p], V = lay.piece_rows(p);
         const int u = m.piece_unit(head, p);
         fsdp_acquire(m, u, s);
         fsdp_grad_begin(m, u, s);
@@ -1323,7 +1326,7 @@ static void embedding_lookup(Model& m, cudaStream_t s) {
     for (int p = 0; p < lay.vocab_pieces(); p++) {
         fsdp_acquire(m, lay.embed_unit(p), s);
         embedding_forward(m.layers[0].x_in, m.tokens, m.w_piece(P_EMBED, p), lay.piece_row[p],
-                          lay.piece_row[p + 1] - lay.piece_row[p], m.shape.tokens(), m.cfg.dim, s);
+                          lay.piece_rows(p), m.shape.tokens(), m.cfg.dim, s);
         fsdp_release(m, lay.embed_unit(p), s);
     }
 }
@@ -1406,7 +1409,7 @@ std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena
     // layer down.
     const int64_t T = m.shape.tokens();
     const int64_t host_x = m.plan.x_in == Hold::ON_HOST ? T * m.cfg.dim * 2 : 0;
-    const int64_t host_att = m.plan.att == Hold::ON_HOST ? T * m.cfg.q_dim() * 2 + m.lse_elems * 4 : 0;
+    const int64_t host_att = m.plan.att == Hold::ON_HOST ? T * m.cfg.q_dim() * 2 + layer_lse_floats(m) * 4 : 0;
     auto host_at = [&](int inputs, int atts) {
         return host_x * std::min(inputs, L) + host_att * std::min(atts, m.plan.att_host_layers);
     };

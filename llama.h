@@ -331,7 +331,6 @@ struct Model {
     RunShape shape;
     StepOptions opt;
     ActivationPlan plan;          // how the step holds its activations (set by model_declare_buffers)
-    int64_t lse_elems = 0;        // floats of one layer's lse: batch x (this GPU's) heads x seq
     // Model states (category "model"): this GPU's parameters, all of them (param_layout offsets)
     // or, under --fsdp, its shard of every unit (fsdp.cu). local_params elements each.
     float *master = nullptr, *grad = nullptr, *adam_m = nullptr, *adam_v = nullptr;
@@ -412,6 +411,8 @@ struct Model {
     float* g_piece(ParamKind k, int p) const { return unit_g[piece_unit(k, p)]; }
 };
 
+// Floats of one layer's lse: batch x this GPU's query heads (Ulysses: 1/N of them) x seq.
+int64_t layer_lse_floats(const Model& m);
 // Declare every buffer of a step in the arena (dry run or real; see Arena).
 void model_declare_buffers(Model& m, Arena& arena);
 // Allocate the planned buffers: `arena` holds the dry run's plan. Checks plan + runtime against

@@ -75,12 +75,8 @@ struct Offload {
 };
 
 static int64_t tokens(const Model& m) { return m.shape.tokens(); }
-// lse floats of one layer: this GPU's query heads (Ulysses: 1/N of them) over each whole sequence.
-static int64_t lse_count(const Model& m) {
-    return (int64_t)m.shape.batch * ulysses_heads(m.cfg, m.shape.sp).q * m.shape.seq;
-}
 static int64_t block_input_bytes(const Model& m) { return tokens(m) * m.cfg.dim * 2; }
-static int64_t attention_bytes(const Model& m) { return tokens(m) * m.cfg.q_dim() * 2 + lse_count(m) * 4; }
+static int64_t attention_bytes(const Model& m) { return tokens(m) * m.cfg.q_dim() * 2 + layer_lse_floats(m) * 4; }
 
 void offload_plan(Model& m) {
     if (!m.opt.offload) return;
@@ -122,7 +118,7 @@ void offload_create(Model& m) {
     };
     pin((void**)&o->host_x, m.cfg.n_layers * T * m.cfg.dim * 2, "block inputs");
     pin((void**)&o->host_att, kept_att * T * m.cfg.q_dim() * 2, "attention outputs");
-    pin((void**)&o->host_lse, kept_att * lse_count(m) * 4, "attention lse");
+    pin((void**)&o->host_lse, kept_att * layer_lse_floats(m) * 4, "attention lse");
     CUDA_CHECK(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking));
     auto event = [](cudaEvent_t* e) { CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming)); };
     event(&o->compute_mark);
@@ -178,7 +174,7 @@ static void fetch_layer(Model& m, int p, cudaStream_t s) {
     const int64_t n = tokens(m) * m.cfg.dim;
     copy_after_compute(m, m.layers[p].x_in, o.host_x + p * n, n * 2, cudaMemcpyHostToDevice, "x_in to device", p, s);
     if (p < host_attention_layers(m)) {
-        const int64_t na = tokens(m) * m.cfg.q_dim(), nl = lse_count(m);
+        const int64_t na = tokens(m) * m.cfg.q_dim(), nl = layer_lse_floats(m);
         copy_after_compute(m, m.layers[p].att, o.host_att + p * na, na * 2, cudaMemcpyHostToDevice, "att to device", p, s);
         copy_after_compute(m, m.layers[p].lse, o.host_lse + p * nl, nl * 4, cudaMemcpyHostToDevice, "lse to device", p, s);
     }
@@ -220,7 +216,7 @@ void offload_after_attention_forward(Model& m, int l, cudaStream_t s) {
     if (!m.offload) return;
     Offload& o = *m.offload;
     if (l < host_attention_layers(m)) {
-        const int64_t n = tokens(m) * m.cfg.q_dim(), nl = lse_count(m);
+        const int64_t n = tokens(m) * m.cfg.q_dim(), nl = layer_lse_floats(m);
         copy_after_compute(m, o.host_att + l * n, m.layers[l].att, n * 2, cudaMemcpyDeviceToHost, "att to host", l, s);
         copy_after_compute(m, o.host_lse + l * nl, m.layers[l].lse, nl * 4, cudaMemcpyDeviceToHost, "lse to host", l, s);
         CUDA_CHECK(cudaEventRecord(o.att_copied_out, o.copy));
