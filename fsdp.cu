@@ -196,7 +196,10 @@ static void fill_slot(Model& m, int k, int u) {
     Fsdp& f = *m.fsdp;
     bf16* own = f.weight_slot[k] + (f.sharded ? (int64_t)f.rank * f.shard[u] : 0);
     convert_f32_to_bf16(own, m.master + f.shard_offset[u], f.shard[u], m.comm_stream);
-    if (f.sharded) m.comm_fsdp->all_gather(f.weight_slot[k], own, f.shard[u], DType::BF16, m.comm_stream);
+    if (!f.sharded) return;
+    int mark = timeline_begin(m, m.comm_stream);
+    m.comm_fsdp->all_gather(f.weight_slot[k], own, f.shard[u], DType::BF16, m.comm_stream);
+    timeline_end(m, mark, "fsdp", "gather", u, m.comm_stream, f.shard[u] * (f.world - 1) * 2);
 }
 
 // Start filling the next units of the order into free slots.
@@ -274,7 +277,9 @@ void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s) {
     if (k < 0) throw std::logic_error("FSDP: grad_end without grad_begin");
     comm_after_compute(m, s);
     float* own = f.grad_slot[k] + (int64_t)f.rank * f.shard[u];  // in place: the sum of this GPU's shard lands here
+    int mark = timeline_begin(m, m.comm_stream);
     m.comm_fsdp->reduce_scatter(own, f.grad_slot[k], f.shard[u], DType::F32, m.comm_stream);
+    timeline_end(m, mark, "fsdp", "reduce-scatter", u, m.comm_stream, f.shard[u] * (f.world - 1) * 4);
     add_kernel<<<(unsigned)std::min<int64_t>((f.shard[u] + 255) / 256, 1 << 16), 256, 0, m.comm_stream>>>(
         m.grad + f.shard_offset[u], own, f.shard[u]);
     CUDA_CHECK_LAUNCH();

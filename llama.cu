@@ -1002,6 +1002,7 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
 }
 
 void model_free(Model& m, DeviceMemory& dm) {
+    timeline_destroy(m);
     offload_destroy(m);
     fsdp_destroy(m);
     if (m.comm_stream) cudaStreamDestroy(m.comm_stream);
@@ -1116,7 +1117,9 @@ void self_attention_forward(Model& m, int l, cudaStream_t s) {
     const int64_t QKV = c.qkv_dim();
     AttentionForwardArgs fa{a.qkv, a.qkv + c.q_dim(), a.qkv + c.q_dim() + c.kv_dim(), QKV, QKV, QKV,
                             a.att, c.q_dim(), a.lse};
+    int mark = timeline_begin(m, s);
     attention_forward(fa, attention_call_shape(m), s);
+    timeline_end(m, mark, "compute", "attention forward", l, s);
 }
 
 static void self_attention_backward(Model& m, int l, cudaStream_t s) {
@@ -1127,7 +1130,9 @@ static void self_attention_backward(Model& m, int l, cudaStream_t s) {
     AttentionBackwardArgs ba{a.qkv, a.qkv + Q, a.qkv + Q + K, a.att, m.datt, QKV, QKV, QKV, Q, Q, a.lse,
                              m.dqkv, m.dqkv + Q, m.dqkv + Q + K, QKV, QKV, QKV, m.delta};
     ba.dq_accum = m.dq_accum;
+    int mark = timeline_begin(m, s);
     attention_backward(ba, attention_call_shape(m), s);
+    timeline_end(m, mark, "compute", "attention backward", l, s);
 }
 
 // x_mid: the layer's own rows of it, or the shared chunk buffer.
@@ -1192,13 +1197,19 @@ static void layer_forward(Model& m, int l, cudaStream_t s) {
         self_attention_forward(m, l, s);
     }
     offload_after_attention_forward(m, l, s);  // offload.cu: att, lse out; the input saved before the MLP overwrites it
+    int mark = timeline_begin(m, s);
     FOR_EACH_CHUNK(m, t0, t1) mlp_forward(m, l, t0, t1, s);
+    timeline_end(m, mark, "compute", "mlp forward", l, s);
 }
 
 // On entry m.dres holds d loss / d x_out of layer l; on exit d loss / d x_in.
 static void layer_backward(Model& m, int l, cudaStream_t s) {
+    int mark = timeline_begin(m, s);
     recompute_attention(m, l, s);  // checkpointing.cu: q, k, v and attention's output, if not kept
+    timeline_end(m, mark, "compute", "attention rerun", l, s);
+    mark = timeline_begin(m, s);
     FOR_EACH_CHUNK(m, t0, t1) mlp_backward(m, l, t0, t1, s);
+    timeline_end(m, mark, "compute", "mlp backward", l, s);
     if (m.untied) return untied_attention_backward(m, l, s);  // untied.cu: per head chunk
     self_attention_backward(m, l, s);                          // fills dqkv
     FOR_EACH_CHUNK(m, t0, t1) qkv_backward(m, l, t0, t1, s);
@@ -1349,7 +1360,8 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     const int64_t T = m.shape.tokens();
     const int L = c.n_layers;
     auto layer_unit = [&](int l) { return m.layout.layer_unit(l); };
-    fsdp_step_begin(m, s);  // zeroes the gradients
+    timeline_step_begin(m, s);  // --timeline: the marks are times from here
+    fsdp_step_begin(m, s);      // zeroes the gradients
     offload_step_begin(m, s);
     m.progress_recorded = 0;
     auto progressed = [&]() {  // for the watchdog of model_sync, and the times of --mem-trace
@@ -1362,29 +1374,34 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     embedding_lookup(m, s);
     offload_save_block_input(m, 0, s);
     for (int l = 0; l < L; l++) {
+        int mark = timeline_begin(m, s);
         fsdp_acquire(m, layer_unit(l), s);
         offload_before_layer_forward(m, l, s);
         layer_forward(m, l, s);
         fsdp_release(m, layer_unit(l), s);
         offload_after_layer_forward(m, l, s);  // x_out is layer l+1's input: to the host
+        timeline_end(m, mark, "compute", "forward", l, s);
         progressed();
         if (progress) progress(ctx, "fwd", l);
     }
 
     // LM head and loss, forward and backward together: dres = d loss / d x_final.
+    int mark = timeline_begin(m, s);
     head_forward_backward(m, s);
     sum_floats(m.scalars + 0, m.losses, T, m.reduce_scratch, s);
+    timeline_end(m, mark, "compute", "head", -1, s);
     progressed();
 
     // Backward through the layers, then the embedding (its lookup needs no weights).
     for (int l = L - 1; l >= 0; l--) {
+        mark = timeline_begin(m, s);
         fsdp_acquire(m, layer_unit(l), s);
         fsdp_grad_begin(m, layer_unit(l), s);
         offload_before_layer_backward(m, l, s);  // layer l's kept tensors back in the slot
         layer_backward(m, l, s);
-        offload_after_layer_backward(m, l, s);
         fsdp_grad_end(m, layer_unit(l), true, s);
         fsdp_release(m, layer_unit(l), s);
+        timeline_end(m, mark, "compute", "backward", l, s);
         progressed();
         if (progress) progress(ctx, "bwd", l);
     }

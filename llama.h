@@ -319,7 +319,8 @@ struct LayerActivations {
     bf16* act;      // [chunk, F] silu(gate) * up
 };
 
-struct Offload;  // offload.cu
+struct Offload;   // offload.cu
+struct Timeline;  // timeline.cu
 struct Fsdp;     // fsdp.cu
 struct Ulysses;  // ulysses.cu
 struct Untied;   // untied.cu
@@ -361,6 +362,7 @@ struct Model {
     std::shared_ptr<Ulysses> ulysses;  // all-to-all staging, head-sharded buffers (ulysses.cu)
     std::shared_ptr<Untied> untied;    // one head chunk's buffers (untied.cu)
     Offload* offload = nullptr;        // pinned host copies and their stream (offload.cu)
+    Timeline* timeline = nullptr;      // --timeline's events (timeline.cu)
     // Activations
     std::vector<LayerActivations> layers;
     bf16* x_final = nullptr;      // [T, D] output of the last layer
@@ -579,15 +581,23 @@ void offload_before_layer_forward(Model& m, int l, cudaStream_t s);  // the att 
 void offload_after_attention_forward(Model& m, int l, cudaStream_t s);
 void offload_after_layer_forward(Model& m, int l, cudaStream_t s);  // x_out is the next x_in: copy it out
 void offload_before_layer_backward(Model& m, int l, cudaStream_t s);  // l's kept tensors back in the slot
-void offload_after_layer_backward(Model& m, int l, cudaStream_t s);
-// Event timeline of the last step (--timeline): compute per layer and each copy, in ms.
+
+// ---------------------------------------------------------------------------------------------
+// The event timeline (timeline.cu): --timeline FILE. Marks of the last step, per stream, in ms
+// from its start; each call does nothing unless timeline_enable was called.
 struct TimelineEntry {
     std::string stream, what;
-    int layer;
+    int layer;  // the layer, or for "fsdp" marks the unit
     double start_ms, end_ms;
+    int64_t bytes;  // what a copy or a collective moved (0 for compute)
 };
-void offload_enable_timeline(Model& m, bool on);
-std::vector<TimelineEntry> offload_timeline(Model& m);
+void timeline_enable(Model& m);
+void timeline_destroy(Model& m);
+void timeline_step_begin(Model& m, cudaStream_t s);
+int timeline_begin(Model& m, cudaStream_t s);  // -1 without a timeline
+void timeline_end(Model& m, int begin, const char* stream, const char* what, int layer, cudaStream_t s,
+                  int64_t bytes = 0);
+std::vector<TimelineEntry> timeline_read(Model& m);
 
 // ---------------------------------------------------------------------------------------------
 // Chunked sequence training (chunked.cu): --chunked.

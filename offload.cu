@@ -40,13 +40,13 @@
 //   llama.cu model_forward_backward
 //                                 offload_save_block_input after the embedding;
 //                                 offload_before/after_layer_forward around each layer;
-//                                 offload_before/after_layer_backward around each layer
+//                                 offload_before_layer_backward before each layer's backward
 //   llama.cu layer_forward        offload_after_attention_forward: att, lse out (=selective);
 //                                 the MLP's output may overwrite the input
 //   llama.cu slot                 every layer's staging slot is the one slot (Hold::ON_HOST)
 //   llama.cu model_free           offload_destroy; model_memory_trace counts the host bytes
 //   train.cpp                     --offload implies --ckpt; the plan prints the host bytes
-// --timeline records this file's copies next to each layer's compute.
+// --timeline (timeline.cu) records each copy on the copy stream.
 #include <algorithm>
 
 #include "llama.h"
@@ -62,16 +62,6 @@ struct Offload {
     cudaEvent_t att_copied_out = nullptr;  // the slot's attention output and lse are on the host
     cudaEvent_t fetched = nullptr;         // the slot holds the layer's kept tensors again
     cudaEvent_t copy_idle = nullptr;
-    // Event timeline (--timeline).
-    bool timeline = false;
-    std::vector<cudaEvent_t> pool;
-    size_t used = 0;
-    int step_start = -1, open_mark = -1;
-    struct Mark {
-        std::string stream, what;
-        int layer, begin, end;
-    };
-    std::vector<Mark> marks;
 };
 
 static int64_t tokens(const Model& m) { return m.shape.tokens(); }
@@ -131,22 +121,11 @@ void offload_destroy(Model& m) {
     if (!o) return;
     cudaStreamSynchronize(o->copy);
     cudaFreeHost(o->host_x), cudaFreeHost(o->host_att), cudaFreeHost(o->host_lse);
-    for (cudaEvent_t e : o->pool) cudaEventDestroy(e);
     cudaEventDestroy(o->compute_mark), cudaEventDestroy(o->copy_idle);
     cudaEventDestroy(o->x_copied_out), cudaEventDestroy(o->att_copied_out), cudaEventDestroy(o->fetched);
     cudaStreamDestroy(o->copy);
     delete o;
     m.offload = nullptr;
-}
-
-// A timing event from the pool, recorded on `stream` now (timeline only).
-static int timeline_event(Offload& o, cudaStream_t stream) {
-    if (o.used == o.pool.size()) {
-        o.pool.push_back(nullptr);
-        CUDA_CHECK(cudaEventCreate(&o.pool.back()));
-    }
-    CUDA_CHECK(cudaEventRecord(o.pool[o.used], stream));
-    return (int)o.used++;
 }
 
 // Copy on the copy stream once the compute stream has reached this point.
@@ -155,16 +134,9 @@ static void copy_after_compute(Model& m, void* dst, const void* src, int64_t byt
     Offload& o = *m.offload;
     CUDA_CHECK(cudaEventRecord(o.compute_mark, compute));
     CUDA_CHECK(cudaStreamWaitEvent(o.copy, o.compute_mark, 0));
-    int begin = o.timeline ? timeline_event(o, o.copy) : -1;
+    int begin = timeline_begin(m, o.copy);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, o.copy));
-    if (o.timeline) o.marks.push_back({"copy", what, layer, begin, timeline_event(o, o.copy)});
-}
-
-static void mark_layer(Model& m, const char* what, int layer, bool begin, cudaStream_t s) {
-    Offload& o = *m.offload;
-    if (!o.timeline) return;
-    if (begin) o.open_mark = timeline_event(o, s);
-    else o.marks.push_back({"compute", what, layer, o.open_mark, timeline_event(o, s)});
+    timeline_end(m, begin, "copy", what, layer, o.copy, bytes);
 }
 
 // Copy layer p's kept tensors into the staging slot, once the compute stream is here (the last
@@ -189,11 +161,6 @@ void offload_step_begin(Model& m, cudaStream_t s) {
     // The previous step's copies are done before this step reuses the slots.
     CUDA_CHECK(cudaEventRecord(o.copy_idle, o.copy));
     CUDA_CHECK(cudaStreamWaitEvent(s, o.copy_idle, 0));
-    if (o.timeline) {
-        o.used = 0;
-        o.marks.clear();
-        o.step_start = timeline_event(o, s);
-    }
 }
 
 void offload_save_block_input(Model& m, int l, cudaStream_t s) {
@@ -209,7 +176,6 @@ void offload_before_layer_forward(Model& m, int l, cudaStream_t s) {
     Offload& o = *m.offload;
     // Layer l's attention output goes into the slot that held layer l-1's.
     if (attention_on_host(m) && l >= 1) CUDA_CHECK(cudaStreamWaitEvent(s, o.att_copied_out, 0));
-    mark_layer(m, "forward", l, true, s);
 }
 
 void offload_after_attention_forward(Model& m, int l, cudaStream_t s) {
@@ -226,9 +192,7 @@ void offload_after_attention_forward(Model& m, int l, cudaStream_t s) {
 }
 
 void offload_after_layer_forward(Model& m, int l, cudaStream_t s) {
-    if (!m.offload) return;
-    mark_layer(m, "forward", l, false, s);
-    offload_save_block_input(m, l + 1, s);  // layer l's output is layer l+1's input
+    if (m.offload) offload_save_block_input(m, l + 1, s);  // layer l's output is layer l+1's input
 }
 
 void offload_before_layer_backward(Model& m, int l, cudaStream_t s) {
@@ -236,28 +200,4 @@ void offload_before_layer_backward(Model& m, int l, cudaStream_t s) {
     Offload& o = *m.offload;
     fetch_layer(m, l, s);  // the slot is free: layer l+1 (or the head) is done with it
     CUDA_CHECK(cudaStreamWaitEvent(s, o.fetched, 0));
-    mark_layer(m, "backward", l, true, s);
-}
-
-void offload_after_layer_backward(Model& m, int l, cudaStream_t s) {
-    if (m.offload) mark_layer(m, "backward", l, false, s);
-}
-
-void offload_enable_timeline(Model& m, bool on) {
-    if (m.offload) m.offload->timeline = on;
-}
-
-std::vector<TimelineEntry> offload_timeline(Model& m) {
-    std::vector<TimelineEntry> out;
-    if (!m.offload || !m.offload->timeline || m.offload->step_start < 0) return out;
-    Offload& o = *m.offload;
-    CUDA_CHECK(cudaDeviceSynchronize());  // reporting, after the step: not on the step's path
-    cudaEvent_t t0 = o.pool[o.step_start];
-    for (const auto& mk : o.marks) {
-        float b = 0, e = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&b, t0, o.pool[mk.begin]));
-        CUDA_CHECK(cudaEventElapsedTime(&e, t0, o.pool[mk.end]));
-        out.push_back({mk.stream, mk.what, mk.layer, b, e});
-    }
-    return out;
 }

@@ -99,7 +99,8 @@ std::string usage_text() {
            "  --plan               print the memory plan per category and exit (no GPU needed)\n"
            "  --log FILE           write one JSON object per step (plus one for the setup) to FILE\n"
            "  --dump FILE          write the first step's loss and every gradient (whole, float32) to FILE\n"
-           "  --timeline FILE      write the last step's event timeline (compute per layer, each copy) as JSON (with --offload)\n"
+           "  --timeline FILE      write the last step's event timeline as JSON: each layer's forward and backward,\n"
+           "                       its attention kernels, all-to-alls and MLP, FSDP's collectives, offload's copies\n"
            "  --mem-trace FILE     write live memory per category (and pinned host) over the last step, as JSON lines\n"
            "  --peak-tflops X      bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)\n"
            "  --help               this text\n"
@@ -252,7 +253,6 @@ Options parse_options(int argc, char** argv) {
         usage_error("--resume and --state-every need --state-dir");
     if ((o.step.chunk_tokens || o.step.loss_chunk_tokens) && !o.step.chunked)
         usage_error("--chunk-tokens and --loss-chunk-tokens need --chunked");
-    if (!o.timeline_path.empty() && !o.step.offload) usage_error("--timeline needs --offload");
     if (!o.mem_trace_path.empty() && o.steps < 1) usage_error("--mem-trace traces a step: it needs --steps 1 or more");
     return o;
 }
@@ -505,9 +505,11 @@ static void write_timeline(const std::string& path, const std::vector<TimelineEn
     FILE* f = open_output(path, "--timeline");
     fprintf(f, "[\n");
     for (size_t i = 0; i < tl.size(); i++)
-        fprintf(f, "  {\"stream\": \"%s\", \"what\": \"%s\", \"layer\": %d, \"start_ms\": %.4f, \"end_ms\": %.4f}%s\n",
+        fprintf(f,
+                "  {\"stream\": \"%s\", \"what\": \"%s\", \"layer\": %d, \"start_ms\": %.4f, \"end_ms\": %.4f, "
+                "\"bytes\": %lld}%s\n",
                 tl[i].stream.c_str(), tl[i].what.c_str(), tl[i].layer, tl[i].start_ms, tl[i].end_ms,
-                i + 1 < tl.size() ? "," : "");
+                (long long)tl[i].bytes, i + 1 < tl.size() ? "," : "");
     fprintf(f, "]\n");
     fclose(f);
 }
@@ -1017,7 +1019,7 @@ static void train_steps(Run& r, SyntheticData& data, int first_step) {
 static void finish(Run& r) {
     const Options& o = r.o;
     if (r.log) fclose(r.log);
-    if (r.lead && !o.timeline_path.empty()) write_timeline(o.timeline_path, offload_timeline(r.m));
+    if (r.lead && !o.timeline_path.empty()) write_timeline(o.timeline_path, timeline_read(r.m));
     if (r.lead && !o.mem_trace_path.empty())
         write_mem_trace(o, r.prop.name, r.m, r.arena, r.dm.driver_used_bytes() / GiB);
     if (!o.save_to.empty()) {
@@ -1040,7 +1042,7 @@ static int run(const Options& o, const Launch& launch) {
     if (o.attention == "auto") choose_attention(r);
     if (r.lead) print_gpu(r);
     if (int code = allocate_on_every_rank(r)) return code;
-    if (!o.timeline_path.empty()) offload_enable_timeline(r.m, true);
+    if (!o.timeline_path.empty()) timeline_enable(r.m);
     if (!o.init_from.empty()) load_hf_checkpoint(r.m, o.init_from, r.stream);
     else model_init_weights(r.m, o.seed, r.stream);
     open_log(r);

@@ -93,7 +93,7 @@ struct Untied {
 
 namespace {
 
-void chunk_all_to_all(Model& m, const Untied& p, void* out, const void* in, int64_t n, DType t, cudaStream_t s);
+void chunk_all_to_all(Model& m, const Untied& p, int l, void* out, const void* in, int64_t n, DType t, cudaStream_t s);
 
 // Rows of the fused wqkv (and its gradient) that hold query head h, and KV head g's k and v.
 int64_t q_row(const LlamaConfig& c, int h) { return (int64_t)h * c.head_dim; }
@@ -138,17 +138,21 @@ void untied_project(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
             rope_apply(p.kv_send + (int64_t)j * p.T * 2 * kvw, p.T, 0, m.shape.seq, m.shape.first_position(),
                        p.kv, (int)p.d, 2 * kvw, m.inv_freq, false, s);
     }
-    chunk_all_to_all(m, p, p.heads_q, p.send, p.T * w, DType::BF16, s);
-    if (kv) chunk_all_to_all(m, p, p.heads_kv, p.kv_send, p.T * 2 * kvw, DType::BF16, s);
+    chunk_all_to_all(m, p, l, p.heads_q, p.send, p.T * w, DType::BF16, s);
+    if (kv) chunk_all_to_all(m, p, l, p.heads_kv, p.kv_send, p.T * 2 * kvw, DType::BF16, s);
 }
 
 AttentionShape chunk_shape(const Untied& p) { return {(int)p.batch, p.seq, p.K, p.kv, (int)p.d}; }
 
 // The chunk's all-to-all among the GPUs that share the sequence; without Ulysses (one GPU per
 // sequence, data parallel or alone) it is a local copy, whatever the world is.
-void chunk_all_to_all(Model& m, const Untied& p, void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
-    if (p.sp > 1) return m.comm->all_to_all(out, in, n, t, s);
-    CUDA_CHECK(cudaMemcpyAsync(out, in, n * (t == DType::BF16 ? 2 : 4), cudaMemcpyDeviceToDevice, s));
+// (--timeline: its bytes are those this GPU sends to the others.)
+void chunk_all_to_all(Model& m, const Untied& p, int l, void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
+    const int64_t elem = t == DType::BF16 ? 2 : 4;
+    int mark = timeline_begin(m, s);
+    if (p.sp > 1) m.comm->all_to_all(out, in, n, t, s);
+    else CUDA_CHECK(cudaMemcpyAsync(out, in, n * elem, cudaMemcpyDeviceToDevice, s));
+    timeline_end(m, mark, "compute", "all-to-all", l, s, p.sp > 1 ? n * (p.sp - 1) * elem : 0);
 }
 
 }  // namespace
@@ -227,9 +231,11 @@ void untied_attention_forward(Model& m, int l, cudaStream_t s) {
         untied_project(m, p, l, i, s);
         AttentionForwardArgs fa{p.heads_q, p.heads_kv, p.heads_kv + kvw, w, 2 * kvw, 2 * kvw, p.heads_out, w,
                                 a.lse + (int64_t)i * p.K * p.S};
+        int mark = timeline_begin(m, s);
         attention_forward(fa, chunk_shape(p), s);
+        timeline_end(m, mark, "compute", "attention forward", l, s);
         // Back to token-sharded, into chunk i's columns of every GPU's share of the output.
-        chunk_all_to_all(m, p, p.receive, p.heads_out, p.T * w, DType::BF16, s);
+        chunk_all_to_all(m, p, l, p.receive, p.heads_out, p.T * w, DType::BF16, s);
         ulysses_blocks_to_columns(a.att, p.receive, p.T, p.sp, w, c.q_dim(), (int64_t)i * w,
                                   (int64_t)p.q_per_gpu * p.d, s);
     }
@@ -289,8 +295,8 @@ void untied_attention_backward(Model& m, int l, cudaStream_t s) {
     for (int i = 0; i < p.chunks; i++) {
         untied_project(m, p, l, i, s);
         chunk_dout(m, p, l, i, s);
-        chunk_all_to_all(m, p, p.heads_out, p.send, p.T * w, DType::BF16, s);  // d out [S, K d]
-        chunk_all_to_all(m, p, p.delta_receive, p.delta_send + (int64_t)i * p.S * p.K, p.T * p.K, DType::F32, s);
+        chunk_all_to_all(m, p, l, p.heads_out, p.send, p.T * w, DType::BF16, s);  // d out [S, K d]
+        chunk_all_to_all(m, p, l, p.delta_receive, p.delta_send + (int64_t)i * p.S * p.K, p.T * p.K, DType::F32, s);
         ulysses_transpose_delta(p.heads_delta, p.delta_receive, p.batch, p.seq, p.K, s);
         // Attention backward of the chunk; dK, dV summed over the chunks of a KV group in place.
         AttentionBackwardArgs ba{p.heads_q, p.heads_kv, p.heads_kv + kvw, nullptr, p.heads_out, w, 2 * kvw, 2 * kvw,
@@ -298,13 +304,15 @@ void untied_attention_backward(Model& m, int l, cudaStream_t s) {
                                  p.heads_dkv + kvw, w, 2 * kvw, 2 * kvw, p.heads_delta};
         ba.accumulate_dkv = !p.new_kv(i);
         ba.dq_accum = m.dq_accum;
+        int mark = timeline_begin(m, s);
         attention_backward(ba, chunk_shape(p), s);
+        timeline_end(m, mark, "compute", "attention backward", l, s);
         // dq back to token-sharded at once, RoPE undone; with a complete KV group, dk | dv too
         // (replicated heads add up). Then the input gradient, and the weight gradients token chunk
         // by token chunk against the normalized input, recomputed.
         const bool kv_done = p.last_of_kv(i);
-        chunk_all_to_all(m, p, p.receive, p.heads_dq, p.T * w, DType::BF16, s);
-        if (kv_done) chunk_all_to_all(m, p, p.kv_send, p.heads_dkv, p.T * 2 * kvw, DType::BF16, s);
+        chunk_all_to_all(m, p, l, p.receive, p.heads_dq, p.T * w, DType::BF16, s);
+        if (kv_done) chunk_all_to_all(m, p, l, p.kv_send, p.heads_dkv, p.T * 2 * kvw, DType::BF16, s);
         for (int j = 0; j < p.sp; j++) {
             bf16* dq = p.receive + (int64_t)j * p.T * w;
             rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s);

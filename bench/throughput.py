@@ -2,47 +2,81 @@
 """bench/throughput.py - full-depth tokens/s per GPU from bench/throughput.sh's two-layer runs.
 
 For each NAME it reads NAME.plan.txt (the full-depth plan: layers, and how many keep their
-attention output), NAME.jsonl (the two-layer step's time) and NAME.timeline.json (each layer's
-forward and backward compute). Layer 0 of the run reran attention in its backward; layer 1, the
-last, kept its output. The full-depth step is then
+attention output), NAME.jsonl (the two-layer step's time) and NAME.timeline.json (the step's
+marks, timeline.cu). Layer 0 of the run reran attention in its backward; layer 1, the last, kept
+its output. The full-depth step is then
 
     (two-layer step - both layers) + kept x layer 1 + (layers - kept) x layer 0
 
-and tokens/s per GPU = tokens on the GPU / that. Writes NAME.throughput.json beside the logs
-and prints a table beside the Untied Ulysses paper's figures (Llama3-8B, 8 x H100)."""
+and tokens/s per GPU = tokens on the GPU / that.
+
+Each layer's time is also taken apart from the marks inside it: the attention kernels, the
+all-to-alls (with their bytes), the MLP, and the rest (projections, norms, deltas, waits). Under
+--sim-world an all-to-all is a local copy; on a node each would take about its bytes / the
+NVLink all-to-all bandwidth (--nvlink-gbs, per GPU), so the node's step is estimated as the
+emulated one with the copies' time replaced by that. FSDP's collectives and offload's copies run
+on their own streams; their busy time per layer is printed beside the layer's compute.
+
+Writes NAME.throughput.json beside the logs and prints two tables: tokens/s beside the Untied
+Ulysses paper's figures (Llama3-8B, 8 x H100), and where a layer's time goes."""
 import argparse, json, os, re
 
 PAPER = {"3M": "UPipe 166, Ulysses 162, FPDT 153", "4M": "UPipe 126, FPDT 120", "5M": "UPipe 98"}
+LEAVES = ["attention forward", "attention backward", "all-to-all", "mlp forward", "mlp backward"]
 
 
-def layer_times(timeline):
-    t = {}
-    for e in timeline:
-        if e["stream"] == "compute":
-            t[(e["what"], e["layer"])] = (e["end_ms"] - e["start_ms"]) / 1000.0
-    return t
+def layer_parts(marks, direction, layer):
+    """Seconds of each kind of mark inside one layer's forward or backward, and the other streams' busy time."""
+    outer = [e for e in marks if e["stream"] == "compute" and e["what"] == direction and e["layer"] == layer]
+    if len(outer) != 1:
+        raise ValueError(f"{len(outer)} '{direction}' marks for layer {layer}")
+    t0, t1 = outer[0]["start_ms"], outer[0]["end_ms"]
+    parts = {"total": (t1 - t0) / 1000.0, "all-to-all bytes": 0}
+    for e in marks:
+        if e is outer[0] or e["layer"] != layer and e["stream"] == "compute":
+            continue
+        inside = e["start_ms"] >= t0 and e["end_ms"] <= t1
+        if not inside:
+            continue
+        key = e["what"] if e["stream"] == "compute" else e["stream"]  # "copy", "fsdp": busy time
+        parts[key] = parts.get(key, 0.0) + (e["end_ms"] - e["start_ms"]) / 1000.0
+        if e["what"] == "all-to-all":
+            parts["all-to-all bytes"] += e.get("bytes", 0)
+    parts["other"] = parts["total"] - sum(parts.get(k, 0.0) for k in LEAVES)
+    return parts
 
 
-def summarize(d, name, commit):
+def summarize(d, name, commit, nvlink_gbs):
     plan = open(os.path.join(d, name + ".plan.txt")).read()
     layers = int(re.search(r"^model \S+: (\d+) layers", plan, re.M).group(1))
     m = re.search(r"attention kept for (\d+) of (\d+) layers", plan)
     kept = int(m.group(1)) if m else 0  # without selective checkpointing every layer reruns
     tokens = int(re.search(r", (\d+) on each GPU", plan).group(1))
-    steps = [json.loads(l) for l in open(os.path.join(d, name + ".jsonl")) if '"type": "step"' in l]
-    run = json.loads(open(os.path.join(d, name + ".jsonl")).readline())
+    lines = [json.loads(l) for l in open(os.path.join(d, name + ".jsonl"))]
+    steps = [l for l in lines if l.get("type") == "step"]
+    run = lines[0]
     step = steps[-1]["step_time_s"]
-    t = layer_times(json.load(open(os.path.join(d, name + ".timeline.json"))))
-    rerun = t[("forward", 0)] + t[("backward", 0)]
-    keep = t[("forward", 1)] + t[("backward", 1)]
-    fixed = step - rerun - keep
-    full = fixed + kept * keep + (layers - kept) * rerun
+    marks = json.load(open(os.path.join(d, name + ".timeline.json")))
+    kinds = {"rerun": 0, "kept": 1}  # layer 0 reruns attention, layer 1 (the last) keeps it
+    parts = {k: {dr: layer_parts(marks, dr, l) for dr in ("forward", "backward")} for k, l in kinds.items()}
+    per_layer = {k: p["forward"]["total"] + p["backward"]["total"] for k, p in parts.items()}
+    fixed = step - per_layer["rerun"] - per_layer["kept"]
+    count = {"kept": kept, "rerun": layers - kept}
+    full = fixed + sum(count[k] * per_layer[k] for k in kinds)
+
+    # A node: the emulated all-to-alls (local copies) replaced by their bytes over NVLink.
+    def a2a(k, what):
+        return sum(parts[k][dr].get(what, 0) for dr in ("forward", "backward"))
+    node_extra = sum(count[k] * (a2a(k, "all-to-all bytes") / (nvlink_gbs * 1e9) - a2a(k, "all-to-all")) for k in kinds)
     out = {"name": name, "commit": commit, "command": run.get("command", ""), "layers": layers,
            "layers_keeping_attention": kept, "tokens_per_gpu": tokens, "two_layer_step_s": step,
-           "rerun_layer_s": {"forward": t[("forward", 0)], "backward": t[("backward", 0)]},
-           "kept_layer_s": {"forward": t[("forward", 1)], "backward": t[("backward", 1)]},
-           "outside_layers_s": fixed, "full_depth_step_s": full, "tokens_per_s_per_gpu": tokens / full,
-           "method": "two layers at the real length, one of each kind; the rest of the step added once"}
+           "layer_s": parts, "outside_layers_s": fixed, "full_depth_step_s": full,
+           "tokens_per_s_per_gpu": tokens / full,
+           "node_estimate": {"nvlink_all_to_all_gbs_per_gpu": nvlink_gbs, "full_depth_step_s": full + node_extra,
+                             "tokens_per_s_per_gpu": tokens / (full + node_extra)},
+           "method": "two layers at the real length, one that reruns attention and one that keeps it; "
+                     "the full depth is the step outside the layers once plus each kind of layer times "
+                     "how many the full-depth plan has"}
     json.dump(out, open(os.path.join(d, name + ".throughput.json"), "w"), indent=1)
     return out
 
@@ -51,23 +85,40 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
     ap.add_argument("--commit", default="")
+    ap.add_argument("--nvlink-gbs", type=float, default=330.0, help="all-to-all GB/s per GPU on the node")
     ap.add_argument("names", nargs="+")
     a = ap.parse_args()
-    print("| run | layers without rerun | layer, rerun / kept (s) | outside the layers (s) | full-depth step (s) "
-          "| tokens/s per GPU | paper (tokens/s per GPU) |")
-    print("|---|---|---|---|---|---|---|")
+    results = []
+    print("| run | layers without rerun | layer s, rerun / kept | outside the layers (s) | full-depth step (s) "
+          "| tokens/s per GPU | on a node, NVLink all-to-alls | paper (tokens/s per GPU) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in a.names:
         try:
-            r = summarize(a.dir, name, a.commit)
+            r = summarize(a.dir, name, a.commit, a.nvlink_gbs)
         except (OSError, KeyError, AttributeError, ValueError, IndexError) as e:
-            print(f"| {name} | (no result: {type(e).__name__}: {e}) | | | | | |")
+            print(f"| {name} | (no result: {type(e).__name__}: {e}) | | | | | | |")
             continue
+        results.append(r)
         seq = name.rsplit("_", 1)[-1]
-        rr, kk = r["rerun_layer_s"], r["kept_layer_s"]
-        print(f"| {name} | {r['layers_keeping_attention']} of {r['layers']} | "
-              f"{rr['forward'] + rr['backward']:.1f} / {kk['forward'] + kk['backward']:.1f} | "
+        L = r["layer_s"]
+        per = {k: L[k]["forward"]["total"] + L[k]["backward"]["total"] for k in L}
+        print(f"| {name} | {r['layers_keeping_attention']} of {r['layers']} | {per['rerun']:.1f} / {per['kept']:.1f} | "
               f"{r['outside_layers_s']:.1f} | {r['full_depth_step_s']:.0f} | **{r['tokens_per_s_per_gpu']:.0f}** | "
+              f"{r['node_estimate']['tokens_per_s_per_gpu']:.0f} | "
               f"{PAPER.get(seq, '') if name.startswith('llama3.1-8b') else ''} |")
+    print()
+    print("| run, layer | direction | total s | attention kernels | all-to-alls (GiB sent; s emulated) "
+          "| MLP | other | offload copies busy | FSDP busy |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        for k in ("rerun", "kept"):
+            for dr in ("forward", "backward"):
+                p = r["layer_s"][k][dr]
+                att = p.get("attention forward", 0) + p.get("attention backward", 0)
+                mlp = p.get("mlp forward", 0) + p.get("mlp backward", 0)
+                print(f"| {r['name']}, {k} | {dr} | {p['total']:.2f} | {att:.2f} ({100 * att / p['total']:.1f}%) | "
+                      f"{p['all-to-all bytes'] / 2**30:.2f}; {p.get('all-to-all', 0):.3f} | {mlp:.2f} | "
+                      f"{p['other']:.2f} | {p.get('copy', 0):.2f} | {p.get('fsdp', 0):.3f} |")
 
 
 if __name__ == "__main__":

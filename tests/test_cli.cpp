@@ -273,7 +273,7 @@ TEST(Flags, MemoryTechniques) {
     EXPECT_TRUE(parse({"--ckpt=selective"}).step.selective);
     EXPECT_EQ(fatal_code([] { parse({"--ckpt=some"}); }), EXIT_USAGE);
     EXPECT_EQ(fatal_code([] { parse({"--chunk-tokens", "100"}); }), EXIT_USAGE);  // needs --chunked
-    EXPECT_EQ(fatal_code([] { parse({"--timeline", "t.json"}); }), EXIT_USAGE);   // needs --offload
+    EXPECT_EQ(parse({"--timeline", "t.json"}).timeline_path, "t.json");  // any run (timeline.cu)
     EXPECT_TRUE(parse({"--attention", "fused"}).step.fused_attention);
     EXPECT_FALSE(parse({"--attention", "fast"}).step.fused_attention);
     // auto (the default) plans the lean backward until a run (or --plan with a cap) sees the fused one fit.
@@ -356,6 +356,71 @@ TEST(Binary, AutoAttentionSaysWhatItChose) {
     Result lean = run_train("--config tiny-hd128 --seq-len 256 --steps 1 --task random --attention fast");
     ASSERT_EQ(lean.code, 0) << lean.output;
     EXPECT_NE(lean.output.find("attention_hopper.cu (wgmma + TMA), lean backward\n"), std::string::npos) << lean.output;
+}
+
+// --timeline (timeline.cu): every layer's forward and backward, with its attention kernels,
+// all-to-alls and MLP inside them; the all-to-alls' bytes are those Ulysses must send.
+TEST(Binary, TimelineMarksEachLayersParts) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    REQUIRE_GPU();
+    const std::string path = testing::TempDir() + "timeline.json";
+    Result r = run_train("--config tiny-hd128 --seq-len 2048 --sim-world 2 --stage 6 --steps 2 --task random --timeline " +
+                         path);
+    ASSERT_EQ(r.code, 0) << r.output;
+    struct Mark {
+        std::string stream, what;
+        int layer;
+        double start, end;
+        long long bytes;
+    };
+    std::vector<Mark> marks;
+    std::ifstream f(path);
+    for (std::string line; std::getline(f, line);) {
+        char stream[32], what[32];
+        Mark k;
+        if (sscanf(line.c_str(), " {\"stream\": \"%31[^\"]\", \"what\": \"%31[^\"]\", \"layer\": %d, \"start_ms\": %lf, "
+                   "\"end_ms\": %lf, \"bytes\": %lld}", stream, what, &k.layer, &k.start, &k.end, &k.bytes) == 6) {
+            k.stream = stream, k.what = what;
+            marks.push_back(k);
+        }
+    }
+    auto find = [&](const std::string& what, int layer) {
+        std::vector<Mark> out;
+        for (const Mark& k : marks)
+            if (k.what == what && k.layer == layer) out.push_back(k);
+        return out;
+    };
+    // tiny-hd128 on 2 GPUs: 1024 tokens each; per layer this GPU sends half of its q, k, v and of
+    // the attention output: 2 bytes x 1024 x (4 x 128 + 2 x 2 x 128 + 4 x 128) / 2.
+    const long long forward_bytes = 2LL * 1024 * (512 + 512 + 512) / 2;
+    for (int l = 0; l < 2; l++) {
+        for (const char* dir : {"forward", "backward"}) {
+            auto layer = find(dir, l);
+            ASSERT_EQ(layer.size(), 1u) << dir << " " << l;
+            EXPECT_GT(layer[0].end, layer[0].start);
+            const bool fwd = std::string(dir) == "forward";
+            const char* inside[] = {fwd ? "attention forward" : "attention backward", fwd ? "mlp forward" : "mlp backward",
+                                    "all-to-all"};
+            for (const char* what : inside) {
+                int n = 0;
+                long long bytes = 0;
+                for (const Mark& k : find(what, l)) {
+                    if (k.start >= layer[0].start && k.end <= layer[0].end) n++, bytes += k.bytes;
+                }
+                EXPECT_GT(n, 0) << what << " inside layer " << l << "'s " << dir;
+                if (fwd && std::string(what) == "all-to-all") {
+                    EXPECT_EQ(bytes, forward_bytes) << l;
+                }
+            }
+        }
+        EXPECT_EQ(find("attention rerun", l).size(), 1u) << l;  // --ckpt: the backward reruns the forward
+        EXPECT_FALSE(find("x_in to device", l).empty()) << l;   // --offload's copies
+    }
+    int gathers = 0;
+    for (const Mark& k : marks)
+        if (k.stream == "fsdp" && k.what == "gather" && k.bytes > 0) gathers++;
+    EXPECT_GE(gathers, 4);  // each layer's unit, forward and backward
+    EXPECT_EQ(find("head", -1).size(), 1u);
 }
 
 TEST(Binary, TrainsAndReportsOutOfMemory) {

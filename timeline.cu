@@ -1,0 +1,96 @@
+// timeline.cu - --timeline FILE: when each part of the last step ran, on which stream, as JSON.
+//
+// A measuring tool, not a technique: it changes nothing the step computes. Each mark is a pair
+// of CUDA events recorded on the stream that does the work, so it times the work itself, not
+// the host that queued it:
+//
+//     int t = timeline_begin(m, s);
+//     ... work queued on s ...
+//     timeline_end(m, t, "compute", "attention forward", l, s, bytes);
+//
+// Marks of one stream may nest (a layer's backward holds its attention's rerun, which holds the
+// attention kernel). bench/throughput.py adds them up per layer.
+//
+// Where the step is marked (all of it only with --timeline; without it every call returns at once):
+//   llama.cu          model_forward_backward: each layer's forward and backward ("compute"),
+//                     with the offload waits around them; the head ("head"); mlp_forward and
+//                     mlp_backward per token chunk ("mlp forward", "mlp backward")
+//   checkpointing.cu  recompute_attention ("attention rerun": the layer's attention forward again)
+//   untied.cu         each attention kernel ("attention forward", "attention backward") and each
+//                     all-to-all ("all-to-all", bytes this GPU sends to the others)
+//   ulysses.cu        the same for plain Ulysses
+//   fsdp.cu           each unit's gather and reduce-scatter on FSDP's stream ("fsdp"; the layer
+//                     field holds the unit, bytes are those that arrive from the other GPUs)
+//   offload.cu        each copy to or from the host on the copy stream ("copy", its bytes)
+// Under --sim-world the collectives are local copies (comm.cu): their marks give their bytes,
+// and their times are those of the copies, not of a network.
+#include "llama.h"
+
+struct Timeline {
+    std::vector<cudaEvent_t> pool;  // reused every step; grows to the step's count of events
+    size_t used = 0;
+    int step_start = -1;
+    struct Mark {
+        const char* stream;
+        const char* what;
+        int layer, begin, end;
+        int64_t bytes;
+    };
+    std::vector<Mark> marks;
+};
+
+void timeline_enable(Model& m) {
+    if (!m.timeline) m.timeline = new Timeline();
+}
+
+void timeline_destroy(Model& m) {
+    if (!m.timeline) return;
+    for (cudaEvent_t e : m.timeline->pool) cudaEventDestroy(e);
+    delete m.timeline;
+    m.timeline = nullptr;
+}
+
+// An event from the pool, recorded on s now.
+static int record(Timeline& t, cudaStream_t s) {
+    if (t.used == t.pool.size()) {
+        t.pool.push_back(nullptr);
+        CUDA_CHECK(cudaEventCreate(&t.pool.back()));
+    }
+    CUDA_CHECK(cudaEventRecord(t.pool[t.used], s));
+    return (int)t.used++;
+}
+
+void timeline_step_begin(Model& m, cudaStream_t s) {
+    if (!m.timeline) return;
+    Timeline& t = *m.timeline;
+    t.used = 0;
+    t.marks.clear();
+    t.step_start = record(t, s);
+}
+
+int timeline_begin(Model& m, cudaStream_t s) {
+    if (!m.timeline || m.timeline->step_start < 0) return -1;
+    return record(*m.timeline, s);
+}
+
+void timeline_end(Model& m, int begin, const char* stream, const char* what, int layer, cudaStream_t s,
+                  int64_t bytes) {
+    if (!m.timeline || begin < 0) return;
+    Timeline& t = *m.timeline;
+    t.marks.push_back({stream, what, layer, begin, record(t, s), bytes});
+}
+
+std::vector<TimelineEntry> timeline_read(Model& m) {
+    std::vector<TimelineEntry> out;
+    if (!m.timeline || m.timeline->step_start < 0) return out;
+    Timeline& t = *m.timeline;
+    CUDA_CHECK(cudaDeviceSynchronize());  // reporting, after the step: not on the step's path
+    cudaEvent_t t0 = t.pool[t.step_start];
+    for (const Timeline::Mark& mk : t.marks) {
+        float b = 0, e = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&b, t0, t.pool[mk.begin]));
+        CUDA_CHECK(cudaEventElapsedTime(&e, t0, t.pool[mk.end]));
+        out.push_back({mk.stream, mk.what, mk.layer, b, e, mk.bytes});
+    }
+    return out;
+}
