@@ -229,6 +229,11 @@ __device__ inline void wgmma_64_ss(float* d, uint64_t da, uint64_t db, int scale
         : "l"(da), "l"(db), "r"(scale_d), "n"(MN));
 }
 
+// Two floats to shared memory in one 8-byte store (addr a multiple of 8).
+__device__ inline void st_shared_v2(uint32_t addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
 // Named barriers (0 is __syncthreads): `count` threads of the consumer warpgroups meet.
 __device__ inline void named_barrier(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 // Arrive at a named barrier without waiting for it (the threads that sync on it wait).
@@ -532,6 +537,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     };
     const Turns turns(c, n_kv_tiles);  // one per key tile
 
+    // Wait until tile j's V and tile j + 1's K have arrived: both are read by the products the
+    // next turn issues. Called after the softmax of tile j, where the loop (a branch) also ends
+    // the softmax's basic block: ptxas moves a wgmma wait to the top of its block, so the wait for
+    // O += P V that follows must be in a block of its own, or the softmax would not overlap it.
+    auto wait_tiles_after = [&](int64_t j) {
+        if (j + 1 < n_kv_tiles) mbar_wait(k_full((int)((j + 1) % FWD_STAGES)), (uint32_t)(((j + 1) / FWD_STAGES) & 1));
+        mbar_wait(v_full((int)(j % FWD_STAGES)), (uint32_t)((j / FWD_STAGES) & 1));
+    };
+
     // Tile 0: S_0 alone.
     mbar_wait(k_full(0), 0);
     turns.mine();
@@ -541,12 +555,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     fence_regs<64>(sc);
     mbar_arrive(k_empty(0));
     online_softmax(sc, row_max, row_sum, correction, n_kv_tiles == 1, c, ln, p.scale_log2);
+    wait_tiles_after(0);
     pack_p(pa, sc);
 
     for (int64_t j = 1; j < n_kv_tiles; j++) {
         const int s = (int)(j % FWD_STAGES), sp = (int)((j - 1) % FWD_STAGES);  // stages of tiles j, j - 1
-        mbar_wait(k_full(s), (uint32_t)((j / FWD_STAGES) & 1));
-        mbar_wait(v_full(sp), (uint32_t)(((j - 1) / FWD_STAGES) & 1));
         turns.mine();
         issue_s(s);
         product_128_rs<128>(o, pa, sV + sp * TILE);  // O += P_{j-1} V_{j-1}: V read MN-major
@@ -556,6 +569,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         fence_regs<64>(sc);
         mbar_arrive(k_empty(s));
         online_softmax(sc, row_max, row_sum, correction, j == n_kv_tiles - 1, c, ln, p.scale_log2);
+        wait_tiles_after(j);
         wgmma_wait<0>();  // O += P_{j-1} V_{j-1} done: O can be rescaled, P_j packed
         fence_regs<64>(o);
         mbar_arrive(v_empty(sp));
@@ -563,9 +577,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         pack_p(pa, sc);
     }
 
-    // The last tile's O += P V.
+    // The last tile's O += P V (its V has arrived: wait_tiles_after).
     const int s_last = (int)((n_kv_tiles - 1) % FWD_STAGES);
-    mbar_wait(v_full(s_last), (uint32_t)(((n_kv_tiles - 1) / FWD_STAGES) & 1));
     fence_regs<64>(o);
     wgmma_fence();
     product_128_rs<128>(o, pa, sV + s_last * TILE);
@@ -788,6 +801,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_wait(full(s), ring.phase);
         const uint32_t q_tile = sQ + s * HALF_TILE, do_tile = sdO + s * HALF_TILE;
         const uint32_t dst_tile = sdST + (uint32_t)(step & 1) * DST_TILE;
+        // This thread's queries' lse (times log2 e) into registers before the products: read
+        // after a wgmma wait, each load would queue behind the products' shared-memory reads,
+        // with the exponentials waiting on it.
+        const float* lse2 = stats + s * 2 * BQ;
+        const float* delta = lse2 + BQ;
+        float2 lse_r[8], delta_r[8];
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++) lse_r[jj] = *(const float2*)(lse2 + ln.col(jj, 0));
         // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, two groups of products.
         float st[32], dpt[32];
         turns.mine();
@@ -798,15 +819,19 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma_commit();
         turns.yours(2 * step);
 
-        // P^T = exp(scale s - lse) where the query sees the key, while dP^T is computed.
-        const float* lse2 = stats + s * 2 * BQ;
-        const float* delta = lse2 + BQ;
+        // P^T = exp(scale s - lse) where the query sees the key, while dP^T is computed (delta
+        // loaded meanwhile, for dS^T).
         wgmma_wait<1>();
         fence_regs<32>(st);
 #pragma unroll
+        for (int jj = 0; jj < 8; jj++) delta_r[jj] = *(const float2*)(delta + ln.col(jj, 0));
+#pragma unroll
         for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) st[4 * jj + e] = exp2_fast(fmaf(st[4 * jj + e], p.scale_log2, -lse2[ln.col(jj, e)]));
+            for (int e = 0; e < 4; e++) {
+                const float lse = e & 1 ? lse_r[jj].y : lse_r[jj].x;
+                st[4 * jj + e] = exp2_fast(fmaf(st[4 * jj + e], p.scale_log2, -lse));
+            }
         // Zero where query q0 + x precedes key k0 + 64c + r, or is past the end.
         if (q0 < k0 + 128 || q0 + BQ > p.seq) zero_outside(st, ln, k0 + c * 64 - q0, BQ, p.seq - q0);
         // dS^T = P^T (dP^T - delta)
@@ -815,7 +840,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - delta[ln.col(jj, e)]);
+            for (int e = 0; e < 4; e++) dpt[4 * jj + e] = st[4 * jj + e] * (dpt[4 * jj + e] - (e & 1 ? delta_r[jj].y : delta_r[jj].x));
 #pragma unroll
         for (int kc = 0; kc < 4; kc++) to_a(pa + 4 * kc, st, kc), to_a(dsa + 4 * kc, dpt, kc);
 
@@ -854,17 +879,18 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_commit();
             wgmma_wait<1>();
             fence_regs<32>(dq);
-            float* acc = (float*)(smem_raw + (sdQ + c * DQ_ACC_TILE - smem_u32(smem_raw)));
+            const uint32_t acc_tile = sdQ + c * DQ_ACC_TILE;
             // The part to this consumer's shared fp32 tile once its previous part has been read
             // out, and producer warp 1 told. Columns 8j..8j+7 of row r sit at block j ^ (r % 8),
-            // so a warp's float2 stores hit all 32 banks (dq_convert_kernel undoes the swizzle).
+            // so a warp's 8-byte stores hit all 32 banks (dq_convert_kernel undoes the swizzle).
+            // (st_shared_v2: through a C++ float2 pointer the compiler split them in two.)
             if (step > 0) mbar_wait(dq_empty(c), (uint32_t)((step - 1) & 1));
 #pragma unroll
             for (int jj = 0; jj < 8; jj++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     const int row = ln.row(r);
-                    *(float2*)(acc + row * 64 + ((jj ^ (row & 7)) << 3) + 2 * ln.t) = make_float2(dq[4 * jj + 2 * r], dq[4 * jj + 2 * r + 1]);
+                    st_shared_v2(acc_tile + 4 * (row * 64 + ((jj ^ (row & 7)) << 3) + 2 * ln.t), dq[4 * jj + 2 * r], dq[4 * jj + 2 * r + 1]);
                 }
             fence_proxy_async();
             mbar_arrive(dq_full(c));
