@@ -11,17 +11,19 @@
 // Marks of one stream may nest (a layer's backward holds its attention's rerun, which holds the
 // attention kernel). bench/throughput.py adds them up per layer.
 //
-// Where the step is marked (all of it only with --timeline; without it every call returns at once):
-//   llama.cu          model_forward_backward: each layer's forward and backward ("compute"),
-//                     with the offload waits around them; the head ("head"); mlp_forward and
-//                     mlp_backward per token chunk ("mlp forward", "mlp backward")
-//   checkpointing.cu  recompute_attention ("attention rerun": the layer's attention forward again)
-//   untied.cu         each attention kernel ("attention forward", "attention backward") and each
-//                     all-to-all ("all-to-all", bytes this GPU sends to the others)
-//   ulysses.cu        the same for plain Ulysses
-//   fsdp.cu           each unit's gather and reduce-scatter on FSDP's stream ("fsdp"; the layer
-//                     field holds the unit, bytes are those that arrive from the other GPUs)
-//   offload.cu        each copy to or from the host on the copy stream ("copy", its bytes)
+// Where the step is marked (without --timeline every call returns at once):
+//   llama.cu      model_forward_backward: each layer's "forward" and "backward", with the FSDP
+//                 and offload waits around them, and the "head"; layer_forward: its MLP over
+//                 all token chunks ("mlp forward"); layer_backward: recompute_attention
+//                 ("attention rerun": the attention forward again where it was not kept) and
+//                 the MLP's backward with the rerun of its inputs and Wo's gradients ("mlp
+//                 backward"); self_attention_*: the attention kernels
+//   untied.cu     each attention kernel ("attention forward", "attention backward") and each
+//                 all-to-all ("all-to-all", with the bytes this GPU sends to the others)
+//   ulysses.cu    the same for plain Ulysses
+//   fsdp.cu       each unit's gather and reduce-scatter on FSDP's stream (stream "fsdp"; the
+//                 layer field holds the unit, the bytes are those from the other GPUs)
+//   offload.cu    each copy to or from the host, on the copy stream (stream "copy")
 // Under --sim-world the collectives are local copies (comm.cu): their marks give their bytes,
 // and their times are those of the copies, not of a network.
 #include "llama.h"

@@ -17,8 +17,13 @@ NVLink all-to-all bandwidth (--nvlink-gbs, per GPU), so the node's step is estim
 emulated one with the copies' time replaced by that. FSDP's collectives and offload's copies run
 on their own streams; their busy time per layer is printed beside the layer's compute.
 
-Writes NAME.throughput.json beside the logs and prints two tables: tokens/s beside the Untied
-Ulysses paper's figures (Llama3-8B, 8 x H100), and where a layer's time goes."""
+What bounds it: the attention kernels' rates in the step (causal FLOPs: forward 2 S^2 d Hq/N per
+layer, backward 2.5 times that), and the tokens/s the same step would reach with attention at
+other rates (the issue's targets, 650 / 590 TFLOP/s, and the dense peak, 989), within the host
+budget and with every layer's attention output kept.
+
+Writes NAME.throughput.json beside the logs and prints three tables: tokens/s beside the Untied
+Ulysses paper's figures (Llama3-8B, 8 x H100), where a layer's time goes, and the bounds."""
 import argparse, json, os, re
 
 PAPER = {"3M": "UPipe 166, Ulysses 162, FPDT 153", "4M": "UPipe 126, FPDT 120", "5M": "UPipe 98"}
@@ -52,6 +57,9 @@ def summarize(d, name, commit, nvlink_gbs):
     m = re.search(r"attention kept for (\d+) of (\d+) layers", plan)
     kept = int(m.group(1)) if m else 0  # without selective checkpointing every layer reruns
     tokens = int(re.search(r", (\d+) on each GPU", plan).group(1))
+    heads, head_dim = map(int, re.search(r"heads (\d+)/\d+ x (\d+)", plan).group(1, 2))
+    gpus = int(re.search(r"^run: (\d+) GPU", plan, re.M).group(1))
+    seq = int(re.search(r"step: \d+ tokens \(\d+ x (\d+) per sequence\)", plan).group(1))
     lines = [json.loads(l) for l in open(os.path.join(d, name + ".jsonl"))]
     steps = [l for l in lines if l.get("type") == "step"]
     run = lines[0]
@@ -60,18 +68,37 @@ def summarize(d, name, commit, nvlink_gbs):
     kinds = {"rerun": 0, "kept": 1}  # layer 0 reruns attention, layer 1 (the last) keeps it
     parts = {k: {dr: layer_parts(marks, dr, l) for dr in ("forward", "backward")} for k, l in kinds.items()}
     per_layer = {k: p["forward"]["total"] + p["backward"]["total"] for k, p in parts.items()}
+
+    def a2a(k, what):  # seconds (or bytes) of one kind of mark in a layer of kind k, both directions
+        return sum(parts[k][dr].get(what, 0) for dr in ("forward", "backward"))
     fixed = step - per_layer["rerun"] - per_layer["kept"]
     count = {"kept": kept, "rerun": layers - kept}
     full = fixed + sum(count[k] * per_layer[k] for k in kinds)
 
     # A node: the emulated all-to-alls (local copies) replaced by their bytes over NVLink.
-    def a2a(k, what):
-        return sum(parts[k][dr].get(what, 0) for dr in ("forward", "backward"))
     node_extra = sum(count[k] * (a2a(k, "all-to-all bytes") / (nvlink_gbs * 1e9) - a2a(k, "all-to-all")) for k in kinds)
+    # What bounds it: the attention kernels at other rates, everything else as measured. One
+    # layer's causal attention forward on this GPU is 2 S^2 d Hq/N FLOPs, its backward 2.5 times
+    # that; a layer that reruns attention computes the forward twice.
+    flops = 2.0 * seq * seq * head_dim * heads / gpus
+    kept_fwd = parts["kept"]["forward"]["attention forward"]
+    kept_bwd = parts["kept"]["backward"]["attention backward"]
+    rates = {"forward": flops / kept_fwd / 1e12, "backward": 2.5 * flops / kept_bwd / 1e12}
+
+    def tokens_per_s(fwd_tflops, bwd_tflops, kept_layers):
+        att = {k: (flops / fwd_tflops + 2.5 * flops / bwd_tflops) / 1e12 for k in kinds}
+        att["rerun"] += flops / fwd_tflops / 1e12
+        rest = {k: per_layer[k] - (a2a(k, "attention forward") + a2a(k, "attention backward")) for k in kinds}
+        n = {"kept": kept_layers, "rerun": layers - kept_layers}
+        return tokens / (fixed + sum(n[k] * (att[k] + rest[k]) for k in kinds))
+    bounds = {"measured_attention_tflops": rates,
+              "tokens_per_s_per_gpu_if_attention_at": {
+                  f"{f:.0f}/{b:.0f}": {"host budget": tokens_per_s(f, b, kept), "every layer kept": tokens_per_s(f, b, layers)}
+                  for f, b in ((rates["forward"], rates["backward"]), (650, 590), (989, 989))}}
     out = {"name": name, "commit": commit, "command": run.get("command", ""), "layers": layers,
            "layers_keeping_attention": kept, "tokens_per_gpu": tokens, "two_layer_step_s": step,
            "layer_s": parts, "outside_layers_s": fixed, "full_depth_step_s": full,
-           "tokens_per_s_per_gpu": tokens / full,
+           "tokens_per_s_per_gpu": tokens / full, "bounds": bounds,
            "node_estimate": {"nvlink_all_to_all_gbs_per_gpu": nvlink_gbs, "full_depth_step_s": full + node_extra,
                              "tokens_per_s_per_gpu": tokens / (full + node_extra)},
            "method": "two layers at the real length, one that reruns attention and one that keeps it; "
@@ -119,6 +146,16 @@ def main():
                 print(f"| {r['name']}, {k} | {dr} | {p['total']:.2f} | {att:.2f} ({100 * att / p['total']:.1f}%) | "
                       f"{p['all-to-all bytes'] / 2**30:.2f}; {p.get('all-to-all', 0):.3f} | {mlp:.2f} | "
                       f"{p['other']:.2f} | {p.get('copy', 0):.2f} | {p.get('fsdp', 0):.3f} |")
+    print()
+    print("| run | attention TFLOP/s in the step, forward / backward | tokens/s per GPU if attention ran at "
+          "(forward / backward TFLOP/s): within the host budget; with every layer's attention kept |")
+    print("|---|---|---|")
+    for r in results:
+        b = r["bounds"]
+        rt = b["measured_attention_tflops"]
+        cases = "; ".join(f"{k}: {v['host budget']:.0f}, {v['every layer kept']:.0f}"
+                          for k, v in b["tokens_per_s_per_gpu_if_attention_at"].items())
+        print(f"| {r['name']} | {rt['forward']:.0f} / {rt['backward']:.0f} | {cases} |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# bench/throughput.sh - tokens/s per GPU at full depth for long contexts (issue 22), from two
-# layers run at the real length (make throughput). Logs and results/throughput_<model>.json-style
-# output go to $OUT (gpu_logs/throughput).
+# bench/throughput.sh - tokens/s per GPU at full depth for long contexts, from two layers run at
+# the real length (make throughput). Logs, timelines and NAME.throughput.json go to $OUT
+# (gpu_logs/throughput); results/throughput_h200.json collects them.
 #
 # For each model in CONFIGS (llama3.1-8b llama3.2-3b) and length in SEQS (3M 4M 5M), as rank 0 of
 # 8 (--sim-world 8; on a node of 8 GPUs NODE_GPUS='--nproc 8'), under the 80 GiB cap, with the
@@ -12,7 +12,9 @@
 #      slot: the --timeline gives one layer of each kind, forward and backward;
 #   3. bench/throughput.py adds them up: the step less the two layers is what does not grow with
 #      depth (embedding, head and loss, optimizer); full depth = that + each kind of layer times
-#      how many the plan has.
+#      how many the plan has. It also takes each layer apart (attention kernels, all-to-alls,
+#      MLP, the rest), estimates the step on a node with NVLink all-to-alls, and what the step
+#      would reach with the attention kernels at other rates.
 set -u
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 L=${OUT:-gpu_logs/throughput}; mkdir -p "$L"
