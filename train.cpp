@@ -640,10 +640,13 @@ static void print_run(const Run& r) {
     const ActivationPlan& p = r.m.plan;
     if (p.att == Hold::ON_HOST) {  // --ckpt=selective --offload within --host-mem-gib
         const int L = c.n_layers, K = p.att_host_layers;
-        std::string rerun = K >= L - 1 ? "none" : K == L - 2 ? std::to_string(K) : std::to_string(K) + "-" + std::to_string(L - 2);
+        auto layers = [](int a, int b) {  // layers a..b
+            return a > b ? std::string("none") : a == b ? std::to_string(a) : std::to_string(a) + "-" + std::to_string(b);
+        };
         printf("selective checkpointing within --host-mem-gib %.0f: attention kept for %d of %d layers (%s on the host, "
-               "%d in its slot), rerun for layers %s\n",
-               o.step.host_mem_gib, K + 1, L, K ? ("0-" + std::to_string(K - 1)).c_str() : "none", L - 1, rerun.c_str());
+               "%d in its slot), rerun for %s%s\n",
+               o.step.host_mem_gib, K + 1, L, layers(0, K - 1).c_str(), L - 1, K < L - 2 ? "layers " : K == L - 2 ? "layer " : "",
+               layers(K, L - 2).c_str());
     }
 }
 
