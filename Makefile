@@ -125,8 +125,7 @@ long: train
 # Tokens/s per GPU at full depth for long contexts: two layers of each model at each length, one
 # rerunning attention and one keeping its output, and the rest of the step, added up to the full
 # depth the plan gives; each layer taken apart from the --timeline, and the bounds (bench/
-# throughput.sh, bench/throughput.py). About 14 GPU minutes for 8B at 3M, 4M and 5M on one H200.
-# Output under THROUGHPUT_OUT.
+# throughput.sh, bench/throughput.py). Output under THROUGHPUT_OUT.
 THROUGHPUT_CONFIGS ?= llama3.1-8b llama3.2-3b
 THROUGHPUT_SEQS ?= 3M 4M 5M
 THROUGHPUT_OUT ?= gpu_logs/throughput

@@ -413,6 +413,7 @@ struct FwdParams {
     float scale_log2;
 };
 constexpr int FWD_STAGES = 2;
+static_assert(FWD_STAGES >= 2, "forward_kernel waits for tile j's V before it frees tile j-1's (wait_tiles_after)");
 constexpr int FWD_SMEM = 1024 + TILE * (1 + 2 * FWD_STAGES) + 8 * (1 + 4 * FWD_STAGES);
 
 // Online softmax of one 64 x 128 tile of scores (log2 units after scaling): masks keys after
@@ -883,7 +884,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             // The part to this consumer's shared fp32 tile once its previous part has been read
             // out, and producer warp 1 told. Columns 8j..8j+7 of row r sit at block j ^ (r % 8),
             // so a warp's 8-byte stores hit all 32 banks (dq_convert_kernel undoes the swizzle).
-            // (st_shared_v2: through a C++ float2 pointer the compiler split them in two.)
+            // (st_shared_v2: a float2 store through a C++ pointer compiles to two 4-byte stores.)
             if (step > 0) mbar_wait(dq_empty(c), (uint32_t)((step - 1) & 1));
 #pragma unroll
             for (int jj = 0; jj < 8; jj++)

@@ -266,8 +266,12 @@ void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s) {
     if (!f.sharded) {  // replicated: sum the unit's gradient over the GPUs, once it is final
         if (m.world > 1 && last) {
             comm_after_compute(m, s);
+            int mark = timeline_begin(m, m.comm_stream);
             m.comm_fsdp->all_reduce(m.grad + m.layout.unit_begin[u], m.layout.unit_size(u), DType::F32,
                                     m.comm_stream);
+            // A ring all-reduce sends 2 (N - 1) / N of the buffer from each GPU.
+            timeline_end(m, mark, "fsdp", "all-reduce", u, m.comm_stream,
+                         2 * (m.world - 1) * m.layout.unit_size(u) * 4 / m.world);
         }
         return;
     }

@@ -1407,6 +1407,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     }
     embedding_lookup_backward(m, s);
     fsdp_step_end(m, s);
+    timeline_step_end(m);
     // scalars[0] holds this GPU's sum of raw per-token losses (only their gradient was scaled by
     // 1 / the step's count of valid targets). Summed over the GPUs it is the step's total loss,
     // which the caller divides by that count.

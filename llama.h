@@ -321,10 +321,10 @@ struct LayerActivations {
 
 struct Offload;   // offload.cu
 struct Timeline;  // timeline.cu
-struct Fsdp;     // fsdp.cu
-struct Ulysses;  // ulysses.cu
-struct Untied;   // untied.cu
-class Comm;      // comm.cu
+struct Fsdp;      // fsdp.cu
+struct Ulysses;   // ulysses.cu
+struct Untied;    // untied.cu
+class Comm;       // comm.cu
 
 struct Model {
     LlamaConfig cfg;
@@ -594,7 +594,10 @@ struct TimelineEntry {
 void timeline_enable(Model& m);
 void timeline_destroy(Model& m);
 void timeline_step_begin(Model& m, cudaStream_t s);
-int timeline_begin(Model& m, cudaStream_t s);  // -1 without a timeline
+void timeline_step_end(Model& m);
+// A mark's begin: -1 without a timeline or outside a step. `stream` and `what` are kept until the
+// timeline is read: string literals.
+int timeline_begin(Model& m, cudaStream_t s);
 void timeline_end(Model& m, int begin, const char* stream, const char* what, int layer, cudaStream_t s,
                   int64_t bytes = 0);
 std::vector<TimelineEntry> timeline_read(Model& m);

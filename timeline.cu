@@ -11,18 +11,21 @@
 // Marks of one stream may nest (a layer's backward holds its attention's rerun, which holds the
 // attention kernel). bench/throughput.py adds them up per layer.
 //
-// Where the step is marked (without --timeline every call returns at once):
+// Where the step is marked (without --timeline every call returns at once; marks are taken
+// between timeline_step_begin and timeline_step_end, at the start and end of the step):
 //   llama.cu      model_forward_backward: each layer's "forward" and "backward", with the FSDP
-//                 and offload waits around them, and the "head"; layer_forward: its MLP over
-//                 all token chunks ("mlp forward"); layer_backward: recompute_attention
-//                 ("attention rerun": the attention forward again where it was not kept) and
-//                 the MLP's backward with the rerun of its inputs and Wo's gradients ("mlp
+//                 and offload waits around them, and the "head"; layer_forward: Wo, the residual
+//                 and the MLP over all token chunks ("mlp forward"); layer_backward:
+//                 recompute_attention ("attention rerun": what checkpointing reruns before the
+//                 backward, the attention forward where it was not kept, else at most q, k, v)
+//                 and the MLP's backward with the rerun of its inputs and Wo's gradients ("mlp
 //                 backward"); self_attention_*: the attention kernels
 //   untied.cu     each attention kernel ("attention forward", "attention backward") and each
-//                 all-to-all ("all-to-all", with the bytes this GPU sends to the others)
+//                 all-to-all among GPUs ("all-to-all", with the bytes this GPU sends to the others)
 //   ulysses.cu    the same for plain Ulysses
-//   fsdp.cu       each unit's gather and reduce-scatter on FSDP's stream (stream "fsdp"; the
-//                 layer field holds the unit, the bytes are those from the other GPUs)
+//   fsdp.cu       each unit's gather and reduce-scatter (or, replicated, all-reduce) on FSDP's
+//                 stream (stream "fsdp"; the layer field holds the unit, the bytes are those a
+//                 GPU exchanges with the others)
 //   offload.cu    each copy to or from the host, on the copy stream (stream "copy")
 // Under --sim-world the collectives are local copies (comm.cu): their marks give their bytes,
 // and their times are those of the copies, not of a network.
@@ -32,8 +35,9 @@ struct Timeline {
     std::vector<cudaEvent_t> pool;  // reused every step; grows to the step's count of events
     size_t used = 0;
     int step_start = -1;
+    bool in_step = false;  // marks are taken between timeline_step_begin and _end only
     struct Mark {
-        const char* stream;
+        const char* stream;  // string literals (llama.h)
         const char* what;
         int layer, begin, end;
         int64_t bytes;
@@ -68,10 +72,15 @@ void timeline_step_begin(Model& m, cudaStream_t s) {
     t.used = 0;
     t.marks.clear();
     t.step_start = record(t, s);
+    t.in_step = true;
+}
+
+void timeline_step_end(Model& m) {
+    if (m.timeline) m.timeline->in_step = false;
 }
 
 int timeline_begin(Model& m, cudaStream_t s) {
-    if (!m.timeline || m.timeline->step_start < 0) return -1;
+    if (!m.timeline || !m.timeline->in_step) return -1;
     return record(*m.timeline, s);
 }
 

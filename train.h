@@ -28,7 +28,7 @@ struct Options {
     double peak_tflops = 0;     // MFU denominator; 0: from the GPU's name
     StepOptions step;           // --ckpt, --offload, --chunked, chunk sizes
     std::string attention = "auto";  // --attention: auto | fast | fused | reference (see --help)
-    std::string timeline_path;  // --timeline: event timeline of the last step (needs --offload)
+    std::string timeline_path;  // --timeline: event timeline of the last step (timeline.cu)
     std::string dump_path;      // --dump: the first step's loss and every gradient
     int nproc = 1;              // --nproc: processes (GPUs) to start
     int sim_world = 0;          // --sim-world: emulate rank 0 of this many GPUs

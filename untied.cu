@@ -149,10 +149,13 @@ AttentionShape chunk_shape(const Untied& p) { return {(int)p.batch, p.seq, p.K, 
 // (--timeline: its bytes are those this GPU sends to the others.)
 void chunk_all_to_all(Model& m, const Untied& p, int l, void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
     const int64_t elem = t == DType::BF16 ? 2 : 4;
+    if (p.sp == 1) {
+        CUDA_CHECK(cudaMemcpyAsync(out, in, n * elem, cudaMemcpyDeviceToDevice, s));
+        return;
+    }
     int mark = timeline_begin(m, s);
-    if (p.sp > 1) m.comm->all_to_all(out, in, n, t, s);
-    else CUDA_CHECK(cudaMemcpyAsync(out, in, n * elem, cudaMemcpyDeviceToDevice, s));
-    timeline_end(m, mark, "compute", "all-to-all", l, s, p.sp > 1 ? n * (p.sp - 1) * elem : 0);
+    m.comm->all_to_all(out, in, n, t, s);
+    timeline_end(m, mark, "compute", "all-to-all", l, s, n * (p.sp - 1) * elem);
 }
 
 }  // namespace

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # bench/step_ab.sh - two builds of ./train on one GPU, back to back in the order A B B A: what a
-# change does to a training step, apart from the spread between GPUs (the same kernel can run
-# 15-20% faster on one H200 than on another: docs/results.md). Each run's step time and its
-# attention kernels' time come from --log and --timeline.
+# change does to a training step, apart from the spread between GPUs (docs/results.md). Each
+# run's step time and its attention kernels' time (every attention forward, reruns included, and
+# every backward) come from --log and --timeline.
 #
 #   A=build/train_old B=./train bash bench/step_ab.sh
 #   ARGS   the run (default: Llama 3.1 8B, one layer at 1M tokens, rank 0 of 8, the full stack
-#          with selective checkpointing: about 20 s a run on an H200)
+#          with selective checkpointing)
 #   OUT    logs (default gpu_logs/step_ab)
 set -u
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -14,6 +14,7 @@ A=${A:?A=path of the first ./train}; B=${B:-./train}
 ARGS=${ARGS:---config llama3.1-8b --seq-len 1M --sim-world 8 --stage 6 --ckpt=selective --mem-cap-gib 80 --layers 1 --steps 2 --task random}
 L=${OUT:-gpu_logs/step_ab}; mkdir -p "$L"
 i=0
+rm -f "$L"/[1-4][AB].*
 for which in A B B A; do
   i=$((i + 1)); bin=${!which}; name=$i$which
   "$bin" $ARGS --log "$L/$name.jsonl" --timeline "$L/$name.timeline.json" > "$L/$name.log" 2>&1
@@ -24,7 +25,7 @@ import json, os, sys
 d = sys.argv[1]
 print("| run | step s | attention forward s | attention backward s |")
 print("|---|---|---|---|")
-for name in sorted(n[:-len(".log")] for n in os.listdir(d) if n.endswith(".log")):
+for name in ("1A", "2B", "3B", "4A"):  # this run's, not older files in the folder
     try:
         step = [json.loads(l) for l in open(os.path.join(d, name + ".jsonl")) if '"type": "step"' in l][-1]["step_time_s"]
         marks = json.load(open(os.path.join(d, name + ".timeline.json")))

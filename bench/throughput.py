@@ -38,20 +38,24 @@ def layer_parts(marks, direction, layer):
     t0, t1 = outer[0]["start_ms"], outer[0]["end_ms"]
     parts = {"total": (t1 - t0) / 1000.0, "all-to-all bytes": 0}
     for e in marks:
-        if e is outer[0] or e["layer"] != layer and e["stream"] == "compute":
+        if e is outer[0]:
             continue
-        inside = e["start_ms"] >= t0 and e["end_ms"] <= t1
-        if not inside:
-            continue
-        key = e["what"] if e["stream"] == "compute" else e["stream"]  # "copy", "fsdp": busy time
-        parts[key] = parts.get(key, 0.0) + (e["end_ms"] - e["start_ms"]) / 1000.0
+        if e["stream"] == "compute":  # this layer's marks inside its forward or backward
+            if e["layer"] != layer or e["start_ms"] < t0 or e["end_ms"] > t1:
+                continue
+            secs = (e["end_ms"] - e["start_ms"]) / 1000.0
+            key = e["what"]
+        else:  # "copy", "fsdp": busy time while the layer ran, whichever layer the work is for
+            secs = max(0.0, min(e["end_ms"], t1) - max(e["start_ms"], t0)) / 1000.0
+            key = e["stream"]
+        parts[key] = parts.get(key, 0.0) + secs
         if e["what"] == "all-to-all":
             parts["all-to-all bytes"] += e.get("bytes", 0)
     parts["other"] = parts["total"] - sum(parts.get(k, 0.0) for k in LEAVES)
     return parts
 
 
-def summarize(d, name, commit, nvlink_gbs):
+def summarize(d, name, commit, nvlink_gbs, out_dir):
     plan = open(os.path.join(d, name + ".plan.txt")).read()
     layers = int(re.search(r"^model \S+: (\d+) layers", plan, re.M).group(1))
     m = re.search(r"attention kept for (\d+) of (\d+) layers", plan)
@@ -59,7 +63,10 @@ def summarize(d, name, commit, nvlink_gbs):
     tokens = int(re.search(r", (\d+) on each GPU", plan).group(1))
     heads, head_dim = map(int, re.search(r"heads (\d+)/\d+ x (\d+)", plan).group(1, 2))
     gpus = int(re.search(r"^run: (\d+) GPU", plan, re.M).group(1))
-    seq = int(re.search(r"step: \d+ tokens \(\d+ x (\d+) per sequence\)", plan).group(1))
+    sequences, seq = map(int, re.search(r"step: \d+ tokens \((\d+) x (\d+) per sequence\)", plan).group(1, 2))
+    if sequences != 1:
+        raise ValueError(f"{sequences} sequences a step: the attention FLOP count here assumes one")
+    simulated = "simulated" in re.search(r"^run: .*", plan, re.M).group(0)
     lines = [json.loads(l) for l in open(os.path.join(d, name + ".jsonl"))]
     steps = [l for l in lines if l.get("type") == "step"]
     run = lines[0]
@@ -67,6 +74,9 @@ def summarize(d, name, commit, nvlink_gbs):
     marks = json.load(open(os.path.join(d, name + ".timeline.json")))
     kinds = {"rerun": 0, "kept": 1}  # layer 0 reruns attention, layer 1 (the last) keeps it
     parts = {k: {dr: layer_parts(marks, dr, l) for dr in ("forward", "backward")} for k, l in kinds.items()}
+    for k, reruns in (("rerun", True), ("kept", False)):  # the host budget made them so
+        if (parts[k]["backward"].get("attention forward", 0) > 0) != reruns:
+            raise ValueError(f"layer {kinds[k]} should {'' if reruns else 'not '}rerun attention in its backward")
     per_layer = {k: p["forward"]["total"] + p["backward"]["total"] for k, p in parts.items()}
 
     def a2a(k, what):  # seconds (or bytes) of one kind of mark in a layer of kind k, both directions
@@ -75,8 +85,12 @@ def summarize(d, name, commit, nvlink_gbs):
     count = {"kept": kept, "rerun": layers - kept}
     full = fixed + sum(count[k] * per_layer[k] for k in kinds)
 
-    # A node: the emulated all-to-alls (local copies) replaced by their bytes over NVLink.
-    node_extra = sum(count[k] * (a2a(k, "all-to-all bytes") / (nvlink_gbs * 1e9) - a2a(k, "all-to-all")) for k in kinds)
+    # A node: the emulated all-to-alls (local copies) replaced by their bytes over NVLink. (On a
+    # real node the marks time NVLink itself: nothing to replace.)
+    node_extra = 0.0
+    if simulated:
+        node_extra = sum(count[k] * (a2a(k, "all-to-all bytes") / (nvlink_gbs * 1e9) - a2a(k, "all-to-all"))
+                         for k in kinds)
     # What bounds it: the attention kernels at other rates, everything else as measured. One
     # layer's causal attention forward on this GPU is 2 S^2 d Hq/N FLOPs, its backward 2.5 times
     # that; a layer that reruns attention computes the forward twice.
@@ -91,20 +105,23 @@ def summarize(d, name, commit, nvlink_gbs):
         rest = {k: per_layer[k] - (a2a(k, "attention forward") + a2a(k, "attention backward")) for k in kinds}
         n = {"kept": kept_layers, "rerun": layers - kept_layers}
         return tokens / (fixed + sum(n[k] * (att[k] + rest[k]) for k in kinds))
+    cases = {"measured rates": (rates["forward"], rates["backward"]), "650/590": (650, 590), "peak 989/989": (989, 989)}
     bounds = {"measured_attention_tflops": rates,
               "tokens_per_s_per_gpu_if_attention_at": {
-                  f"{f:.0f}/{b:.0f}": {"host budget": tokens_per_s(f, b, kept), "every layer kept": tokens_per_s(f, b, layers)}
-                  for f, b in ((rates["forward"], rates["backward"]), (650, 590), (989, 989))}}
+                  label: {"host budget": tokens_per_s(f, b, kept), "every layer kept": tokens_per_s(f, b, layers)}
+                  for label, (f, b) in cases.items()}}
     out = {"name": name, "commit": commit, "command": run.get("command", ""), "layers": layers,
            "layers_keeping_attention": kept, "tokens_per_gpu": tokens, "two_layer_step_s": step,
            "layer_s": parts, "outside_layers_s": fixed, "full_depth_step_s": full,
            "tokens_per_s_per_gpu": tokens / full, "bounds": bounds,
-           "node_estimate": {"nvlink_all_to_all_gbs_per_gpu": nvlink_gbs, "full_depth_step_s": full + node_extra,
-                             "tokens_per_s_per_gpu": tokens / (full + node_extra)},
+           "node_estimate": {"nvlink_all_to_all_gbs_per_gpu": nvlink_gbs if simulated else None,
+                             "full_depth_step_s": full + node_extra, "tokens_per_s_per_gpu": tokens / (full + node_extra)},
            "method": "two layers at the real length, one that reruns attention and one that keeps it; "
                      "the full depth is the step outside the layers once plus each kind of layer times "
-                     "how many the full-depth plan has"}
-    json.dump(out, open(os.path.join(d, name + ".throughput.json"), "w"), indent=1)
+                     "how many the full-depth plan has. Not seen by the two layers: the fetch of a kept "
+                     "attention output from the host before a layer's backward (the kept layer here is "
+                     "the last, whose output stays on the device)"}
+    json.dump(out, open(os.path.join(out_dir, name + ".throughput.json"), "w"), indent=1)
     return out
 
 
@@ -113,6 +130,7 @@ def main():
     ap.add_argument("--dir", required=True)
     ap.add_argument("--commit", default="")
     ap.add_argument("--nvlink-gbs", type=float, default=330.0, help="all-to-all GB/s per GPU on the node")
+    ap.add_argument("--out", help="where NAME.throughput.json goes (default: --dir)")
     ap.add_argument("names", nargs="+")
     a = ap.parse_args()
     results = []
@@ -121,7 +139,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for name in a.names:
         try:
-            r = summarize(a.dir, name, a.commit, a.nvlink_gbs)
+            r = summarize(a.dir, name, a.commit, a.nvlink_gbs, a.out or a.dir)
         except (OSError, KeyError, AttributeError, ValueError, IndexError) as e:
             print(f"| {name} | (no result: {type(e).__name__}: {e}) | | | | | | |")
             continue
@@ -147,7 +165,7 @@ def main():
                       f"{p['all-to-all bytes'] / 2**30:.2f}; {p.get('all-to-all', 0):.3f} | {mlp:.2f} | "
                       f"{p['other']:.2f} | {p.get('copy', 0):.2f} | {p.get('fsdp', 0):.3f} |")
     print()
-    print("| run | attention TFLOP/s in the step, forward / backward | tokens/s per GPU if attention ran at "
+    print("| run | attention TFLOP/s in the step, forward / backward | tokens/s per GPU with attention at "
           "(forward / backward TFLOP/s): within the host budget; with every layer's attention kept |")
     print("|---|---|---|")
     for r in results:

@@ -29,9 +29,14 @@ for cfg in $CONFIGS; do for seq in $SEQS; do
   host=$(./train --config $cfg --seq-len $seq $NODE_GPUS --stage 6 --layers 2 --plan | awk '/^  host/ {print $2}')
   budget=$(python3 -c "print(${host:-0} + 0.01)")
   echo "--- $name: ./train $base --layers 2 --steps 1 --host-mem-gib $budget"
+  # The GPUs' clocks and power every 10 s while it runs: the same kernel's speed differs between
+  # GPUs at their power cap.
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
+    -l 10 > "$L/$name.gpu.csv" 2>&1 &
+  smi=$!
   timeout ${RUN_TIMEOUT:-1800} ./train $base --layers 2 --steps 1 --host-mem-gib "$budget" \
     --timeline "$L/$name.timeline.json" --log "$L/$name.jsonl" > "$L/$name.log" 2>&1
-  echo "exit $?"; grep -E "^step|out of memory|error" "$L/$name.log" | tail -n 2
+  echo "exit $?"; kill $smi 2>/dev/null; grep -E "^step|out of memory|error" "$L/$name.log" | tail -n 2
 done; done
 python3 bench/throughput.py --dir "$L" --commit "${TRAIN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" \
   $(for cfg in $CONFIGS; do for seq in $SEQS; do echo ${cfg}_$seq; done; done) | tee "$L/throughput.md"
