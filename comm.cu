@@ -261,3 +261,9 @@ void model_sync(Model& m, cudaStream_t s) {
         if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
 }
+
+void layer_all_to_all(Model& m, int l, void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
+    int mark = timeline_begin(m, s);
+    m.comm->all_to_all(out, in, n, t, s);
+    timeline_end(m, mark, "compute", "all-to-all", l, s, n * (m.comm->world - 1) * (int64_t)dtype_size(t));
+}

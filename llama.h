@@ -495,6 +495,9 @@ void comm_sync(Comm* comm, cudaStream_t s, double timeout_s);
 struct Model;
 // The step's wait: both communicators watched, the timeout counted from the last progress event.
 void model_sync(Model& m, cudaStream_t s);
+// Ulysses's and Untied's all-to-all over m.comm on the compute stream, marked as layer l's on
+// --timeline with the bytes this GPU sends to the others.
+void layer_all_to_all(Model& m, int l, void* out, const void* in, int64_t n, DType t, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // Parameters across GPUs (fsdp.cu): replicated (gradients all-reduced) or sharded (--fsdp).

@@ -20,9 +20,10 @@
 //                 backward, the attention forward where it was not kept, else at most q, k, v)
 //                 and the MLP's backward with the rerun of its inputs and Wo's gradients ("mlp
 //                 backward"); self_attention_*: the attention kernels
-//   untied.cu     each attention kernel ("attention forward", "attention backward") and each
-//                 all-to-all among GPUs ("all-to-all", with the bytes this GPU sends to the others)
+//   untied.cu     each attention kernel ("attention forward", "attention backward")
 //   ulysses.cu    the same for plain Ulysses
+//   comm.cu       layer_all_to_all, Ulysses's and Untied's all-to-all among GPUs ("all-to-all",
+//                 with the bytes this GPU sends to the others)
 //   fsdp.cu       each unit's gather and reduce-scatter (or, replicated, all-reduce) on FSDP's
 //                 stream (stream "fsdp"; the layer field holds the unit, the bytes are those a
 //                 GPU exchanges with the others)

@@ -243,14 +243,6 @@ void ulysses_transpose_delta(float* out, const float* in, int64_t B, int64_t S, 
     CUDA_CHECK_LAUNCH();
 }
 
-// The all-to-all among the GPUs of the sequence (--timeline: its bytes are those this GPU sends
-// to the others).
-static void heads_all_to_all(Model& m, int l, void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
-    int mark = timeline_begin(m, s);
-    m.comm->all_to_all(out, in, n, t, s);
-    timeline_end(m, mark, "compute", "all-to-all", l, s, n * (m.comm->world - 1) * (t == DType::BF16 ? 2 : 4));
-}
-
 // Token-sharded q, k, v -> head-sharded, straight into the layer's qkv [S, WH]. Also the
 // backward's first step under --ckpt=selective (q, k, v are recomputed, attention is not).
 void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s) {
@@ -258,7 +250,7 @@ void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s) {
     Ulysses& u = *m.ulysses;
     pack_qkv_kernel<<<blocks(g.sp * g.T * g.WH / 8), 256, 0, s>>>(u.send, u.receive, g);
     CUDA_CHECK_LAUNCH();
-    heads_all_to_all(m, l, m.layers[l].qkv, u.send, g.T * g.WH, DType::BF16, s);
+    layer_all_to_all(m, l, m.layers[l].qkv, u.send, g.T * g.WH, DType::BF16, s);
 }
 
 void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
@@ -272,7 +264,7 @@ void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
     attention_forward(fa, ulysses_attention_shape(m), s);
     timeline_end(m, mark, "compute", "attention forward", l, s);
     // Head-sharded output -> token-sharded a.att [T, Hq d]: rows of GPU j's tokens go to GPU j.
-    heads_all_to_all(m, l, u.receive, u.heads_out, g.T * qd, DType::BF16, s);
+    layer_all_to_all(m, l, u.receive, u.heads_out, g.T * qd, DType::BF16, s);
     ulysses_blocks_to_columns(a.att, u.receive, g.T, g.sp, qd, g.sp * qd, 0, qd, s);
 }
 
@@ -285,10 +277,10 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
     ulysses_delta(u.delta_tokens, m.datt, (int64_t)g.Hq * g.d, a.att, (int64_t)g.Hq * g.d, g.T, g.Hq, g.d, s);
     strided_to_blocks_kernel<bf16><<<blocks(g.sp * g.T * qd), 256, 0, s>>>(u.send, m.datt, g.T, g.sp, qd, g.sp * qd, 0, qd);
     CUDA_CHECK_LAUNCH();
-    heads_all_to_all(m, l, u.heads_out, u.send, g.T * qd, DType::BF16, s);  // d out of this GPU's heads
+    layer_all_to_all(m, l, u.heads_out, u.send, g.T * qd, DType::BF16, s);  // d out of this GPU's heads
     strided_to_blocks_kernel<float><<<blocks(g.T * g.Hq), 256, 0, s>>>(u.delta_send, u.delta_tokens, g.T, g.sp, g.q, g.Hq, 0, g.q);
     CUDA_CHECK_LAUNCH();
-    heads_all_to_all(m, l, u.delta_receive, u.delta_send, g.T * g.q, DType::F32, s);
+    layer_all_to_all(m, l, u.delta_receive, u.delta_send, g.T * g.q, DType::F32, s);
     ulysses_transpose_delta(m.delta, u.delta_receive, 1, S, g.q, s);
     // Attention backward on S tokens x H/N heads; out = nullptr: delta is given.
     const int64_t kvd = (int64_t)g.kv * g.d;
@@ -300,7 +292,7 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
     timeline_end(m, mark, "compute", "attention backward", l, s);
     // Head-sharded dq, dk, dv -> token-sharded d q|k|v [T, QKV] in the send staging (replicated
     // KV heads summed), where qkv_backward reads it.
-    heads_all_to_all(m, l, u.receive, u.heads_dqkv, g.T * g.WH, DType::BF16, s);
+    layer_all_to_all(m, l, u.receive, u.heads_dqkv, g.T * g.WH, DType::BF16, s);
     unpack_dqkv_kernel<<<blocks(g.T * g.QKV), 256, 0, s>>>(u.send, u.receive, g);
     CUDA_CHECK_LAUNCH();
 }

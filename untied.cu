@@ -146,16 +146,9 @@ AttentionShape chunk_shape(const Untied& p) { return {(int)p.batch, p.seq, p.K, 
 
 // The chunk's all-to-all among the GPUs that share the sequence; without Ulysses (one GPU per
 // sequence, data parallel or alone) it is a local copy, whatever the world is.
-// (--timeline: its bytes are those this GPU sends to the others.)
 void chunk_all_to_all(Model& m, const Untied& p, int l, void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
-    const int64_t elem = t == DType::BF16 ? 2 : 4;
-    if (p.sp == 1) {
-        CUDA_CHECK(cudaMemcpyAsync(out, in, n * elem, cudaMemcpyDeviceToDevice, s));
-        return;
-    }
-    int mark = timeline_begin(m, s);
-    m.comm->all_to_all(out, in, n, t, s);
-    timeline_end(m, mark, "compute", "all-to-all", l, s, n * (p.sp - 1) * elem);
+    if (p.sp > 1) return layer_all_to_all(m, l, out, in, n, t, s);
+    CUDA_CHECK(cudaMemcpyAsync(out, in, n * (t == DType::BF16 ? 2 : 4), cudaMemcpyDeviceToDevice, s));
 }
 
 }  // namespace
