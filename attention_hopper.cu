@@ -639,11 +639,11 @@ constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per
 // fp32 accumulator (attention_dq_accum_floats), so S and dP are computed once: 5 products where
 // the deterministic pair of kernels computes 7. Per step:
 //   1. each consumer writes its 64 rows of dS^T (bf16) to a shared [128 keys][64 queries] tile
-//      (double-buffered) and issues dV += P^T dO;
+//      (double-buffered);
 //   2. the two consumers meet at a named barrier; consumer c issues dQ[:, 64c..64c+63] =
 //      dS K[:, 64c..] over all 128 keys (m64n64k16, dS read MN-major from that tile, K
-//      MN-major), then dK += dS^T Q;
-//   3. when dQ's part is done (dK still running) it goes to the consumer's shared fp32 tile, and
+//      MN-major), then dV += P^T dO and dK += dS^T Q;
+//   3. when dQ's part is done (dV, dK still running) it goes to the consumer's shared fp32 tile, and
 //      an mbarrier tells warp 1 of the producer warpgroup, which has the TMA unit add it to
 //      global memory (cp.reduce.async.bulk .add.f32) and frees the tile when it has been read.
 // dq_convert_kernel then scales and rounds the sums to bf16. The adds to a query tile go in
@@ -859,16 +859,16 @@ __global__ void __launch_bounds__(THREADS, 1)
 
         // dV += P^T dO, dK += dS^T Q: dO and Q read MN-major (queries are the k, d the n).
         fence_regs<64>(dv), fence_regs<64>(dk);
-        turns.mine();
-        wgmma_fence();
-        product_128_rs<BQ>(dv, pa, do_tile);
-        if (!FUSED_DQ) product_128_rs<BQ>(dk, dsa, q_tile);
-        wgmma_commit();
-        turns.yours(2 * step + 1);
-
-        if (FUSED_DQ) {
-            // dQ[:, 64c..64c+63] = dS K[:, 64c..] between dV and dK, so that its epilogue runs
-            // while dK is computed.
+        if (!FUSED_DQ) {
+            turns.mine();
+            wgmma_fence();
+            product_128_rs<BQ>(dv, pa, do_tile);
+            product_128_rs<BQ>(dk, dsa, q_tile);
+            wgmma_commit();
+            turns.yours(2 * step + 1);
+        } else {
+            // dQ[:, 64c..64c+63] = dS K[:, 64c..] first, then dV and dK, so that dQ's epilogue
+            // (store, hand-off to the adder warp) runs while both are computed.
             float dq[32] = {};
             named_barrier(1, 256);
             wgmma_fence();
@@ -876,6 +876,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int k = 0; k < 8; k++) wgmma_64_ss<1>(dq, mnmajor_desc(dst_tile, k, 128), mnmajor_desc(k_half, k, 128), k > 0);
             wgmma_commit();
+            product_128_rs<BQ>(dv, pa, do_tile);
             product_128_rs<BQ>(dk, dsa, q_tile);
             wgmma_commit();
             wgmma_wait<1>();
