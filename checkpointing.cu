@@ -51,7 +51,8 @@ void checkpointing_plan(Model& m) {
 bool attention_kept(const Model& m, int l) {
     switch (m.plan.att) {
         case Hold::PER_LAYER: return true;
-        case Hold::ON_HOST: return l < m.plan.att_host_layers || l == m.cfg.n_layers - 1;  // offload.cu
+        case Hold::ON_HOST:  // offload.cu: on the host, in the staging slot (the last layer), on the device
+            return l < m.plan.att_host_layers || l >= m.cfg.n_layers - 1 - m.plan.att_device_layers;
         default: return false;
     }
 }

@@ -869,6 +869,14 @@ static void declare_activations(Model& m, Arena& A) {
     bf16* x = take_activation<bf16>(m, A, "block inputs (residual stream)", MEM_OTHER, p.x_in, L + 1, T * D);
     bf16* att = take_activation<bf16>(m, A, "attention output", MEM_ATTENTION, p.att, L, T * QD);
     float* lse = take_activation<float>(m, A, "attention lse", MEM_ATTENTION, p.att, L, lse_n);
+    // =selective --offload: the layers the host cannot hold that keep theirs on the device (offload.cu).
+    const int64_t att_dev_slots = p.att == Hold::ON_HOST ? p.att_device_layers : 0;
+    bf16* att_dev = nullptr;
+    float* lse_dev = nullptr;
+    if (att_dev_slots > 0) {
+        att_dev = A.take<bf16>("attention outputs kept on the device", MEM_ATTENTION, att_dev_slots * T * QD);
+        lse_dev = A.take<float>("attention lse kept on the device", MEM_ATTENTION, att_dev_slots * lse_n);
+    }
     bf16* qkv = take_activation<bf16>(m, A, "qkv", MEM_ATTENTION, p.qkv, L, S_rows * WH);  // [S, heads] = [T, QKV] without Ulysses
     bf16* x_mid = take_activation<bf16>(m, A, "x_mid (residual after attention)", MEM_OTHER, p.x_mid, L, mid_rows * D);
     // The norms' outputs and the MLP's intermediates hold one chunk's rows (all T when kept per layer).
@@ -887,6 +895,8 @@ static void declare_activations(Model& m, Arena& A) {
         a.x_out = slot(x, p.x_in, l + 1, T * D);
         a.att = slot(att, p.att, l, T * QD);
         a.lse = slot(lse, p.att, l, lse_n);
+        if (const int d = offload_device_slot(m, l); d >= 0)
+            a.att = slot(att_dev, Hold::PER_LAYER, d, T * QD), a.lse = slot(lse_dev, Hold::PER_LAYER, d, lse_n);
         a.qkv = slot(qkv, p.qkv, l, S_rows * WH);
         a.x_mid = slot(x_mid, p.x_mid, l, mid_rows * D);
         a.xn1 = slot(xn1, h, l, C * D), a.rstd1 = slot(rstd1, h, l, C);

@@ -274,6 +274,8 @@ struct StepOptions {
     int64_t chunk_tokens = 0;        // --chunk-tokens; 0: the hidden size (ALST's tile)
     int64_t loss_chunk_tokens = 0;   // 0: as many tokens as keep a chunk's logits near 1 GiB
     double host_mem_gib = 240;       // --host-mem-gib: pinned host memory per GPU that --offload may plan
+    double device_keep_gib = -1;     // --device-keep-gib: device memory =selective --offload may fill with
+                                     // attention outputs the host cannot hold (-1: what the cap leaves)
 };
 
 // How the step holds each kind of activation. The plain model keeps every activation of every
@@ -291,7 +293,9 @@ struct ActivationPlan {
     Hold qkv = Hold::PER_LAYER;         // q, k (after RoPE), v: attention's input
     Hold att = Hold::PER_LAYER;         // attention output and its log-sum-exp
     int att_host_layers = 0;            // att ON_HOST: layers 0 .. this - 1 keep theirs on the host, the
-                                        // last layer's stays in the slot, the others rerun attention
+                                        // last layer's stays in the slot, the others rerun attention,
+    int att_device_layers = 0;          // except these last of them (before the last layer): they keep
+                                        // theirs in their own device slots (offload.cu)
     Hold x_mid = Hold::PER_LAYER;       // the residual stream between attention and MLP
     Hold norms_mlp = Hold::PER_LAYER;   // xn1, xn2 (norm outputs, their rstd), h13, act (MLP)
     Hold dqkv = Hold::SHARED;           // d q|k|v of this GPU's tokens
@@ -347,6 +351,8 @@ struct Model {
     Comm* comm_fsdp = nullptr;    // made by model_allocate (split of comm), freed by model_free
     bool owns_comm = false;
     bool pin_host = true;  // --offload's pinned host memory; a run of no steps plans it only
+    int device_attention_layers = 0;  // =selective --offload: at most this many layers that the host
+                                      // cannot hold keep attention on the device (train.cpp: the cap's room)
     cudaStream_t comm_stream = nullptr;
     int world = 1;                // GPUs of the run (simulated ones included)
     double comm_timeout_s = 600;  // a wait that sees no progress for this long ends the run
@@ -573,6 +579,10 @@ void recompute_mlp_inputs(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t 
 void offload_plan(Model& m);
 // Pinned host bytes the kept tensors need under --offload (0 otherwise).
 int64_t offload_host_bytes(const Model& m);
+// =selective: one layer's attention output and lse, in bytes (what keeping it on the device costs).
+int64_t offload_attention_bytes(const Model& m);
+// Layer l's own device slot for its kept attention output (att_device_layers), or -1: the staging slot.
+int offload_device_slot(const Model& m, int l);
 void offload_create(Model& m);    // pinned buffers (once), copy stream, events
 void offload_destroy(Model& m);
 // The step's hooks; each does nothing without --offload.

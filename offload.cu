@@ -3,8 +3,9 @@
 //
 // Under --ckpt (which --offload implies) each layer keeps only its block input x_in (and under
 // --ckpt=selective its attention output and lse, for as many layers as the pinned host memory
-// that --host-mem-gib allows per GPU holds after the block inputs; the other layers rerun
-// attention in the backward); everything else is recomputed. Those kept
+// that --host-mem-gib allows per GPU holds after the block inputs, then for as many more as the
+// device has room for under the cap; the other layers rerun attention in the backward);
+// everything else is recomputed. Those kept
 // tensors still grow with the depth: L x T x 2D bytes of block inputs. With --offload they go to
 // pinned host memory as soon as they are produced, on a copy stream, and come back for the
 // layer's backward. The device keeps one staging slot for them:
@@ -21,9 +22,12 @@
 // Memory per GPU, for T local tokens and L layers (bytes):
 //   device: (L + 1) T 2D -> T 2D  (the residual stream: every layer's input and the last
 //           output; =selective: and L T (2 Hq d + 4 Hq) -> one slot of T (2 Hq d + 4 Hq))
+//           [+ D T (2 Hq d + 4 Hq)]  (=selective: D more layers' attention outputs kept on the
+//           device, as many as the room the plan leaves under the cap holds, less 1 GiB)
 //   host:   L T 2 D [+ K T (2 Hq d + 4 Hq)]  (=selective: K layers' attention outputs, as many as
 //           --host-mem-gib holds, at most L - 1: the last layer's stays in its slot; 8B at 3M on
-//           8 GPUs: 96 + 94.5 GiB, all layers; at 5M: 160 GiB of inputs leave 80 for 15 layers)
+//           8 GPUs: 96 + 94.5 GiB, all layers; at 5M: 160 GiB of inputs leave 80 for 15 layers,
+//           and the 80 GiB cap has room for D = 5 more on the device, layers 26-30)
 // Cost: host-device traffic. In the forward it hides: a layer's input is 2 D bytes per token (8
 // KiB for 8B), at a pinned copy's bandwidth (about 55 GB/s, docs/reference.md) 0.15 us per
 // token, against about 3.3 us per token of the layer's GEMMs alone (6 FLOPs x 218 M parameters,
@@ -34,7 +38,11 @@
 //
 // Where --offload changes the step:
 //   offload_plan                  x_in (and a kept att, lse) move to the host, one device slot;
-//                                 =selective: how many layers' att fit (att_host_layers)
+//                                 =selective: how many layers' att fit (att_host_layers), and
+//                                 how many more keep theirs on the device (att_device_layers)
+//   train.cpp plan_device_attention  the room under the cap (--device-keep-gib bounds it); every
+//                                 rank keeps the same layers (a rerun takes part in all-to-alls)
+//   llama.cu declare_activations  the device-kept layers' own att, lse slots (offload_device_slot)
 //   checkpointing.cu attention_kept   the other layers rerun attention in the backward
 //   llama.cu model_allocate       offload_create: the pinned host buffers and the copy stream
 //   llama.cu model_forward_backward
@@ -77,7 +85,19 @@ void offload_plan(Model& m) {
     m.plan.att = Hold::ON_HOST;
     const int L = m.cfg.n_layers;
     const int64_t left = (int64_t)(m.opt.host_mem_gib * GiB) - L * block_input_bytes(m);
-    m.plan.att_host_layers = (int)std::clamp<int64_t>(left / attention_bytes(m), 0, std::max(0, L - 1));
+    const int K = m.plan.att_host_layers = (int)std::clamp<int64_t>(left / attention_bytes(m), 0, std::max(0, L - 1));
+    // Of the layers left to rerun attention, the last ones keep theirs on the device instead, as
+    // many as the memory under the cap holds beyond the plan (train.cpp measures that room and sets
+    // device_attention_layers; --device-keep-gib bounds it).
+    m.plan.att_device_layers = std::clamp(m.device_attention_layers, 0, std::max(0, L - 1 - K));
+}
+
+int64_t offload_attention_bytes(const Model& m) { return attention_bytes(m); }
+
+// The layers kept on the device are the ones just before the last: L-1-D .. L-2.
+int offload_device_slot(const Model& m, int l) {
+    const int first = m.cfg.n_layers - 1 - m.plan.att_device_layers;
+    return m.plan.att == Hold::ON_HOST && l >= first && l < m.cfg.n_layers - 1 ? l - first : -1;
 }
 
 static bool attention_on_host(const Model& m) { return m.plan.att == Hold::ON_HOST; }

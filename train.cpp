@@ -95,7 +95,10 @@ std::string usage_text() {
            "  --mem-cap-gib X      refuse what a card of X GiB could not hold (emulates an 80 GB H100 on an H200)\n"
            "  --host-mem-gib X     pinned host memory per GPU that --offload may plan (default 240: one GPU's share of\n"
            "                       an 8-GPU node's 2 TB); --ckpt=selective --offload keeps attention outputs for as\n"
-           "                       many layers as it holds and reruns attention for the rest\n"
+           "                       many layers as it holds, then for as many more as the device has room for under the\n"
+           "                       cap, and reruns attention for the rest\n"
+           "  --device-keep-gib X  device memory that --ckpt=selective --offload may fill with attention outputs the\n"
+           "                       host cannot hold (default: all the cap leaves, less 1 GiB; 0: none)\n"
            "  --plan               print the memory plan per category and exit (no GPU needed)\n"
            "  --log FILE           write one JSON object per step (plus one for the setup) to FILE\n"
            "  --dump FILE          write the first step's loss and every gradient (whole, float32) to FILE\n"
@@ -195,6 +198,7 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--task-vocab") o.task_vocab = (int)parse_int(arg, need(), 2, 1 << 30);
         else if (arg == "--mem-cap-gib") o.mem_cap_gib = parse_double(arg, need(), 0.001, 1e6);
         else if (arg == "--host-mem-gib") o.step.host_mem_gib = parse_double(arg, need(), 0.001, 1e9);
+        else if (arg == "--device-keep-gib") o.step.device_keep_gib = parse_double(arg, need(), 0.0, 1e6);
         else if (arg == "--peak-tflops") o.peak_tflops = parse_double(arg, need(), 0.001, 1e6);
         else if (arg == "--log") o.log_path = need();
         else if (arg == "--timeline") o.timeline_path = need();
@@ -637,17 +641,36 @@ static void print_run(const Run& r) {
         flags += " (chunks of " + std::to_string(r.m.plan.chunk_rows) + " tokens, loss " +
                  std::to_string(r.m.plan.loss_rows) + ")";
     printf("techniques: %s\n", flags.empty() ? "none (stage 0)" : flags.c_str());
+}
+
+// =selective --offload: which layers keep their attention output where, and which rerun it.
+static void print_attention_plan(const Run& r) {
     const ActivationPlan& p = r.m.plan;
-    if (p.att == Hold::ON_HOST) {  // --ckpt=selective --offload within --host-mem-gib
-        const int L = c.n_layers, K = p.att_host_layers;
-        auto layers = [](int a, int b) {  // layers a..b
-            return a > b ? std::string("none") : a == b ? std::to_string(a) : std::to_string(a) + "-" + std::to_string(b);
-        };
-        printf("selective checkpointing within --host-mem-gib %.0f: attention kept for %d of %d layers (%s on the host, "
-               "%d in its slot), rerun for %s%s\n",
-               o.step.host_mem_gib, K + 1, L, layers(0, K - 1).c_str(), L - 1, K < L - 2 ? "layers " : K == L - 2 ? "layer " : "",
-               layers(K, L - 2).c_str());
-    }
+    if (p.att != Hold::ON_HOST || !r.lead) return;
+    const int L = r.cfg.n_layers, K = p.att_host_layers, D = p.att_device_layers;
+    auto layers = [](int a, int b) {  // layers a..b
+        return a > b ? std::string("none") : a == b ? std::to_string(a) : std::to_string(a) + "-" + std::to_string(b);
+    };
+    const std::string on_device = D > 0 ? layers(L - 1 - D, L - 2) + " on the device, " : "";
+    const int rerun = L - 1 - D - K;
+    printf("selective checkpointing within --host-mem-gib %.0f: attention kept for %d of %d layers (%s on the host, "
+           "%s%d in its slot), rerun for %s%s\n",
+           r.o.step.host_mem_gib, K + D + 1, L, layers(0, K - 1).c_str(), on_device.c_str(), L - 1,
+           rerun > 1 ? "layers " : rerun == 1 ? "layer " : "", layers(K, L - 2 - D).c_str());
+}
+
+// =selective --offload: the layers whose attention output the host cannot hold keep it on the
+// device where the cap leaves room (offload.cu), at most --device-keep-gib of it. Planned last,
+// once the backward's kernels are chosen, less a margin for what the libraries allocate later.
+constexpr double DEVICE_KEEP_MARGIN_GIB = 1.0;
+static void plan_device_attention(Run& r, int64_t cap_bytes, int64_t runtime_bytes) {
+    Model& m = r.m;
+    if (m.plan.att != Hold::ON_HOST || m.plan.att_host_layers >= r.cfg.n_layers - 1) return;
+    double room = (double)(cap_bytes - runtime_bytes - r.arena.total()) - DEVICE_KEEP_MARGIN_GIB * GiB;
+    if (r.o.step.device_keep_gib >= 0) room = std::min(room, r.o.step.device_keep_gib * GiB);
+    m.device_attention_layers = (int)std::clamp(room / (double)offload_attention_bytes(m), 0.0, (double)r.cfg.n_layers);
+    r.arena = Arena();
+    model_declare_buffers(m, r.arena);
 }
 
 // Pinned host memory beyond --host-mem-gib is an out-of-memory, reported before a GPU is touched.
@@ -699,6 +722,8 @@ static int print_plan(Run& r) {
         printf("attention auto: planned with the lean backward; a run on an sm_90 GPU takes the fused one if its "
                "fp32 dQ sums also fit (give --mem-cap-gib to see which)\n");
     }
+    if (o.mem_cap_gib > 0) plan_device_attention(r, (int64_t)(o.mem_cap_gib * GiB), (int64_t)(rt * GiB));
+    print_attention_plan(r);
     printf("%s", plan_text(r.arena, r.host_bytes, rt, false).c_str());
     printf("%s", largest_buffers_text(r.arena, 30).c_str());
     if (r.host_bytes > 0)
@@ -828,6 +853,34 @@ static void choose_attention(Run& r) {
     const bool all_fit = r.launch.world > 1 ? sum_over_ranks(r.m.comm, fits ? 0.f : 1.f, r.stream, r.o.comm_timeout_s) == 0
                                             : fits;
     if (all_fit) plan_fused_backward(r);
+}
+
+// The smallest of one count per rank (each rank's in its own entry, summed).
+static int min_over_ranks(const Run& r, int mine) {
+    float* buf = nullptr;
+    std::vector<float> counts(r.world, 0.f);
+    counts[r.rank] = (float)mine;
+    CUDA_CHECK(cudaMalloc(&buf, r.world * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(buf, counts.data(), r.world * sizeof(float), cudaMemcpyHostToDevice));
+    r.m.comm->all_reduce(buf, r.world, DType::F32, r.stream);
+    comm_sync(r.m.comm, r.stream, r.o.comm_timeout_s);
+    CUDA_CHECK(cudaMemcpy(counts.data(), buf, r.world * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(buf));
+    return (int)*std::min_element(counts.begin(), counts.end());
+}
+
+// Attention outputs on the device where this GPU has room; every rank keeps the same layers, since a
+// layer that reruns attention takes part in Ulysses's all-to-alls again.
+static void keep_attention_on_device(Run& r) {
+    if (r.m.plan.att != Hold::ON_HOST) return;
+    const DeviceMemory& dm = r.dm;
+    plan_device_attention(r, dm.cap_bytes, dm.runtime_bytes + dm.emulated_bytes);
+    if (r.launch.world == 1) return;
+    const int agreed = min_over_ranks(r, r.m.plan.att_device_layers);
+    if (agreed == r.m.plan.att_device_layers) return;
+    r.m.device_attention_layers = agreed;
+    r.arena = Arena();
+    model_declare_buffers(r.m, r.arena);
 }
 
 static void print_gpu(const Run& r) {
@@ -1043,6 +1096,8 @@ static int run(const Options& o, const Launch& launch) {
     open_inputs(r);
     open_gpu(r);
     if (o.attention == "auto") choose_attention(r);
+    keep_attention_on_device(r);
+    print_attention_plan(r);
     if (r.lead) print_gpu(r);
     if (int code = allocate_on_every_rank(r)) return code;
     if (!o.timeline_path.empty()) timeline_enable(r.m);

@@ -8,8 +8,9 @@
 # full stack and selective checkpointing within --host-mem-gib (FLAGS: --stage 6 --ckpt=selective):
 #   1. the full-depth plan says how many layers keep their attention output (no rerun);
 #   2. one step of 2 layers at the real length, with a host budget that keeps the first layer's
-#      output off the host, so its backward reruns attention, while the last layer's stays in its
-#      slot: the --timeline gives one layer of each kind, forward and backward;
+#      output off the host (and --device-keep-gib 0 off the device), so its backward reruns
+#      attention, while the last layer's stays in its slot: the --timeline gives one layer of each
+#      kind, forward and backward;
 #   3. bench/throughput.py adds them up: the step less the two layers is what does not grow with
 #      depth (embedding, head and loss, optimizer); full depth = that + each kind of layer times
 #      how many the plan has. It also takes each layer apart (attention kernels, all-to-alls,
@@ -28,13 +29,13 @@ for cfg in $CONFIGS; do for seq in $SEQS; do
   # attention output fits on the host.
   host=$(./train --config $cfg --seq-len $seq $NODE_GPUS --stage 6 --layers 2 --plan | awk '/^  host/ {print $2}')
   budget=$(python3 -c "print(${host:-0} + 0.01)")
-  echo "--- $name: ./train $base --layers 2 --steps 1 --host-mem-gib $budget"
+  echo "--- $name: ./train $base --layers 2 --steps 1 --host-mem-gib $budget --device-keep-gib 0"
   # The GPUs' clocks and power every 10 s while it runs: the same kernel's speed differs between
   # GPUs at their power cap.
   nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
     -l 10 > "$L/$name.gpu.csv" 2>&1 &
   smi=$!
-  timeout ${RUN_TIMEOUT:-1800} ./train $base --layers 2 --steps 1 --host-mem-gib "$budget" \
+  timeout ${RUN_TIMEOUT:-1800} ./train $base --layers 2 --steps 1 --host-mem-gib "$budget" --device-keep-gib 0 \
     --timeline "$L/$name.timeline.json" --log "$L/$name.jsonl" > "$L/$name.log" 2>&1
   echo "exit $?"; kill $smi 2>/dev/null; grep -E "^step|out of memory|error" "$L/$name.log" | tail -n 2
 done; done

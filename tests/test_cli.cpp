@@ -528,17 +528,36 @@ TEST(Binary, VocabularyPieces) {
 // --host-mem-gib: pinned host memory beyond it is an out-of-memory before any GPU work, and
 // --ckpt=selective --offload keeps as many layers' attention outputs as it holds. 8B at 5M on 8
 // GPUs: the block inputs take 32 x 5 GiB of the 240, which leave 80 for 15 layers' outputs (5.08
-// GiB each); the last layer's stays in its slot.
+// GiB each); the last layer's stays in its slot. Then the device keeps as many more as fit
+// under the cap, less 1 GiB (--device-keep-gib bounds them).
 TEST(Binary, HostMemoryBudget) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     expect_exit("--config tiny --seq-len 8K --offload --steps 1 --host-mem-gib 0.001", 3, "--host-mem-gib allows");
-    Result r = run_train("--plan --sim-world 8 --stage 6 --ckpt=selective --config llama3.1-8b --seq-len 5M --mem-cap-gib 80");
-    ASSERT_EQ(r.code, 0) << r.output;
-    EXPECT_NE(r.output.find("attention kept for 16 of 32 layers (0-14 on the host, 31 in its slot), rerun for layers 15-30"),
-              std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("host 240.00 GiB (--host-mem-gib): fits"), std::string::npos) << r.output;
+    const std::string flags = "--plan --sim-world 8 --stage 6 --ckpt=selective --config llama3.1-8b --seq-len 5M --mem-cap-gib 80";
+    Result host_only = run_train(flags + " --device-keep-gib 0");
+    ASSERT_EQ(host_only.code, 0) << host_only.output;
+    EXPECT_NE(host_only.output.find("attention kept for 16 of 32 layers (0-14 on the host, 31 in its slot), rerun for layers 15-30"),
+              std::string::npos) << host_only.output;
+    EXPECT_NE(host_only.output.find("host 240.00 GiB (--host-mem-gib): fits"), std::string::npos) << host_only.output;
     // The longest context: 7.5M tokens need exactly 240 GiB of block inputs; the device would hold more.
-    EXPECT_NE(r.output.find("7864320 tokens (7.50M); host memory binds"), std::string::npos) << r.output;
+    EXPECT_NE(host_only.output.find("7864320 tokens (7.50M); host memory binds"), std::string::npos) << host_only.output;
+
+    // The room under the cap: 80 GiB less the plan's total (the runtime estimate included) and the 1 GiB margin.
+    const double per_layer = 5.0 + 4.0 * 5 * (1 << 20) * 4 / (1 << 30);  // att, and lse of 4 heads, GiB
+    const double room = 80 - plan_total_gib(host_only.output) - 1.0;
+    const int D = (int)(room / per_layer);
+    ASSERT_GE(D, 1) << room;
+    Result r = run_train(flags);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const std::string kept = "attention kept for " + std::to_string(16 + D) + " of 32 layers (0-14 on the host, " +
+                             std::to_string(31 - D) + "-30 on the device, 31 in its slot), rerun for layers 15-" +
+                             std::to_string(30 - D);
+    EXPECT_NE(r.output.find(kept), std::string::npos) << kept << "\n" << r.output;
+    EXPECT_NEAR(plan_total_gib(r.output) - plan_total_gib(host_only.output), D * per_layer, 0.01);
+    EXPECT_NE(r.output.find("cap 80.00 GiB: fits"), std::string::npos) << r.output;
+    Result two = run_train(flags + " --device-keep-gib 10.2");  // two layers' worth
+    EXPECT_NE(two.output.find("(0-14 on the host, 29-30 on the device, 31 in its slot), rerun for layers 15-28"),
+              std::string::npos) << two.output;
 }
 
 TEST(Ladder, RefusesTheFlagsItSetsItself) {

@@ -20,10 +20,12 @@ struct StepResult {
 
 // One model with the given techniques: the loss and gradients of one step from fixed weights,
 // then a short training run.
-StepResult run_variant(const LlamaConfig& cfg, const StepOptions& opt, int B, int64_t S, uint64_t seed) {
+StepResult run_variant(const LlamaConfig& cfg, const StepOptions& opt, int B, int64_t S, uint64_t seed,
+                       int device_attention_layers = 0) {
     Model m;
     m.cfg = cfg;
     m.opt = opt;
+    m.device_attention_layers = device_attention_layers;
     m.shape.batch = B;
     m.shape.seq = S;
     Arena arena;
@@ -133,8 +135,10 @@ TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
 }
 
 // --ckpt=selective --offload within a host budget (--host-mem-gib) that holds the attention
-// outputs of only K layers: those layers skip the attention rerun, the others rerun it. Either way
-// the same kernels see the same inputs, so the step equals --ckpt --offload bit for bit, for every K.
+// outputs of only K layers: those layers skip the attention rerun, and so do the D layers before
+// the last that keep theirs on the device (the room under the cap); the others rerun it. Either
+// way the same kernels see the same inputs, so the step equals --ckpt --offload bit for bit, for
+// every K and D.
 TEST_P(Techniques, SelectiveWithinHostBudgetIsCkptBitForBit) {
     REQUIRE_GPU();
     LlamaConfig cfg = config_by_name(GetParam());
@@ -149,22 +153,28 @@ TEST_P(Techniques, SelectiveWithinHostBudgetIsCkptBitForBit) {
         StepOptions full;
         full.ckpt = full.offload = true, full.untied = untied;
         StepResult ref = run_variant(cfg, full, B, S, seed);
-        for (int K = 0; K < cfg.n_layers; K++) {
-            StepOptions o = full;
-            o.selective = true;
-            o.host_mem_gib = (inputs + (K + 0.5) * per_layer) / GiB;
-            Model plan;  // what the budget keeps
-            plan.cfg = cfg, plan.opt = o, plan.shape.batch = B, plan.shape.seq = S;
-            Arena dry;
-            model_declare_buffers(plan, dry);
-            ASSERT_EQ(plan.plan.att_host_layers, K);
-            StepResult r = run_variant(cfg, o, B, S, seed);
-            printf("  untied=%d, attention kept on the host for %d of %d layers: loss %.6f (--ckpt %.6f)\n", untied, K,
-                   cfg.n_layers, r.loss, ref.loss);
-            EXPECT_EQ(r.loss, ref.loss) << "K " << K;
-            EXPECT_TRUE(r.grads == ref.grads) << "K " << K << ": rel error " << rel_error(r.grads, ref.grads);
-            EXPECT_EQ(r.curve, ref.curve) << "K " << K;
-        }
+        for (int K = 0; K < cfg.n_layers; K++)
+            for (int D : {0, 1, cfg.n_layers - 1 - K}) {
+                if (D > cfg.n_layers - 1 - K || (D == 1 && K == cfg.n_layers - 2)) continue;  // no such layers, or D done
+                StepOptions o = full;
+                o.selective = true;
+                o.host_mem_gib = (inputs + (K + 0.5) * per_layer) / GiB;
+                Model plan;  // what the budget keeps
+                plan.cfg = cfg, plan.opt = o, plan.shape.batch = B, plan.shape.seq = S;
+                plan.device_attention_layers = D;
+                Arena dry;
+                model_declare_buffers(plan, dry);
+                ASSERT_EQ(plan.plan.att_host_layers, K);
+                ASSERT_EQ(plan.plan.att_device_layers, D);
+                for (int l = 0; l < cfg.n_layers; l++)
+                    EXPECT_EQ(attention_kept(plan, l), l < K || l >= cfg.n_layers - 1 - D) << "K " << K << " D " << D;
+                StepResult r = run_variant(cfg, o, B, S, seed, D);
+                printf("  untied=%d, attention kept on the host for %d and on the device for %d of %d layers: loss %.6f "
+                       "(--ckpt %.6f)\n", untied, K, D, cfg.n_layers, r.loss, ref.loss);
+                EXPECT_EQ(r.loss, ref.loss) << "K " << K << " D " << D;
+                EXPECT_TRUE(r.grads == ref.grads) << "K " << K << " D " << D << ": rel error " << rel_error(r.grads, ref.grads);
+                EXPECT_EQ(r.curve, ref.curve) << "K " << K << " D " << D;
+            }
     }
 }
 
