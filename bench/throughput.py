@@ -121,6 +121,7 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
                      "how many the full-depth plan has. Not seen by the two layers: the fetch of a kept "
                      "attention output from the host before a layer's backward (the kept layer here is "
                      "the last, whose output stays on the device)"}
+    os.makedirs(out_dir, exist_ok=True)
     json.dump(out, open(os.path.join(out_dir, name + ".throughput.json"), "w"), indent=1)
     return out
 
