@@ -653,7 +653,7 @@ static void print_attention_plan(const Run& r) {
     };
     const std::string on_device = D > 0 ? layers(L - 1 - D, L - 2) + " on the device, " : "";
     const int rerun = L - 1 - D - K;
-    printf("selective checkpointing within --host-mem-gib %.0f: attention kept for %d of %d layers (%s on the host, "
+    printf("selective checkpointing within --host-mem-gib %.4g: attention kept for %d of %d layers (%s on the host, "
            "%s%d in its slot), rerun for %s%s\n",
            r.o.step.host_mem_gib, K + D + 1, L, layers(0, K - 1).c_str(), on_device.c_str(), L - 1,
            rerun > 1 ? "layers " : rerun == 1 ? "layer " : "", layers(K, L - 2 - D).c_str());
@@ -666,7 +666,8 @@ constexpr double DEVICE_KEEP_MARGIN_GIB = 1.0;
 static void plan_device_attention(Run& r, int64_t cap_bytes, int64_t runtime_bytes) {
     Model& m = r.m;
     if (m.plan.att != Hold::ON_HOST || m.plan.att_host_layers >= r.cfg.n_layers - 1) return;
-    double room = (double)(cap_bytes - runtime_bytes - r.arena.total()) - DEVICE_KEEP_MARGIN_GIB * GiB;
+    const int64_t kept_now = m.plan.att_device_layers * offload_attention_bytes(m);  // none on a first call
+    double room = (double)(cap_bytes - runtime_bytes - r.arena.total() + kept_now) - DEVICE_KEEP_MARGIN_GIB * GiB;
     if (r.o.step.device_keep_gib >= 0) room = std::min(room, r.o.step.device_keep_gib * GiB);
     m.device_attention_layers = (int)std::clamp(room / (double)offload_attention_bytes(m), 0.0, (double)r.cfg.n_layers);
     r.arena = Arena();

@@ -358,6 +358,43 @@ TEST(Binary, AutoAttentionSaysWhatItChose) {
     EXPECT_NE(lean.output.find("attention_hopper.cu (wgmma + TMA), lean backward\n"), std::string::npos) << lean.output;
 }
 
+// The marks of a --timeline file, and those of one kind in one layer.
+struct TimelineMark {
+    std::string stream, what;
+    int layer;
+    double start, end;
+    long long bytes;
+};
+std::vector<TimelineMark> read_timeline(const std::string& path) {
+    std::vector<TimelineMark> marks;
+    std::ifstream f(path);
+    for (std::string line; std::getline(f, line);) {
+        char stream[32], what[32];
+        TimelineMark k;
+        if (sscanf(line.c_str(), " {\"stream\": \"%31[^\"]\", \"what\": \"%31[^\"]\", \"layer\": %d, \"start_ms\": %lf, "
+                   "\"end_ms\": %lf, \"bytes\": %lld}", stream, what, &k.layer, &k.start, &k.end, &k.bytes) == 6) {
+            k.stream = stream, k.what = what;
+            marks.push_back(k);
+        }
+    }
+    return marks;
+}
+std::vector<TimelineMark> find_marks(const std::vector<TimelineMark>& marks, const std::string& what, int layer) {
+    std::vector<TimelineMark> out;
+    for (const TimelineMark& k : marks)
+        if (k.what == what && k.layer == layer) out.push_back(k);
+    return out;
+}
+// How many attention forward kernels ran inside layer l's "attention rerun" mark.
+int attention_reruns(const std::vector<TimelineMark>& marks, int l) {
+    auto rerun = find_marks(marks, "attention rerun", l);
+    if (rerun.size() != 1) return -1;
+    int n = 0;
+    for (const TimelineMark& k : find_marks(marks, "attention forward", l))
+        if (k.start >= rerun[0].start && k.end <= rerun[0].end) n++;
+    return n;
+}
+
 // --timeline (timeline.cu): every layer's forward and backward, with its attention kernels,
 // all-to-alls and MLP inside them; the all-to-alls' bytes are those Ulysses must send.
 TEST(Binary, TimelineMarksEachLayersParts) {
@@ -367,29 +404,8 @@ TEST(Binary, TimelineMarksEachLayersParts) {
     Result r = run_train("--config tiny-hd128 --seq-len 2048 --sim-world 2 --stage 6 --steps 2 --task random --timeline " +
                          path);
     ASSERT_EQ(r.code, 0) << r.output;
-    struct Mark {
-        std::string stream, what;
-        int layer;
-        double start, end;
-        long long bytes;
-    };
-    std::vector<Mark> marks;
-    std::ifstream f(path);
-    for (std::string line; std::getline(f, line);) {
-        char stream[32], what[32];
-        Mark k;
-        if (sscanf(line.c_str(), " {\"stream\": \"%31[^\"]\", \"what\": \"%31[^\"]\", \"layer\": %d, \"start_ms\": %lf, "
-                   "\"end_ms\": %lf, \"bytes\": %lld}", stream, what, &k.layer, &k.start, &k.end, &k.bytes) == 6) {
-            k.stream = stream, k.what = what;
-            marks.push_back(k);
-        }
-    }
-    auto find = [&](const std::string& what, int layer) {
-        std::vector<Mark> out;
-        for (const Mark& k : marks)
-            if (k.what == what && k.layer == layer) out.push_back(k);
-        return out;
-    };
+    const std::vector<TimelineMark> marks = read_timeline(path);
+    auto find = [&](const std::string& what, int layer) { return find_marks(marks, what, layer); };
     // tiny-hd128 on 2 GPUs: 1024 tokens each; per layer this GPU sends half of its q, k, v and of
     // the attention output: 2 bytes x 1024 x (4 x 128 + 2 x 2 x 128 + 4 x 128) / 2.
     const long long forward_bytes = 2LL * 1024 * (512 + 512 + 512) / 2;
@@ -404,7 +420,7 @@ TEST(Binary, TimelineMarksEachLayersParts) {
             for (const char* what : inside) {
                 int n = 0;
                 long long bytes = 0;
-                for (const Mark& k : find(what, l)) {
+                for (const TimelineMark& k : find(what, l)) {
                     if (k.start >= layer[0].start && k.end <= layer[0].end) n++, bytes += k.bytes;
                 }
                 EXPECT_GT(n, 0) << what << " inside layer " << l << "'s " << dir;
@@ -413,21 +429,36 @@ TEST(Binary, TimelineMarksEachLayersParts) {
                 }
             }
         }
-        // --ckpt: the backward reruns the attention forward.
-        auto rerun = find("attention rerun", l);
-        ASSERT_EQ(rerun.size(), 1u) << l;
-        int reran = 0;
-        for (const Mark& k : find("attention forward", l)) {
-            if (k.start >= rerun[0].start && k.end <= rerun[0].end) reran++;
-        }
-        EXPECT_GT(reran, 0) << l;
+        EXPECT_GT(attention_reruns(marks, l), 0) << l;  // --ckpt: the backward reruns the attention forward
         EXPECT_FALSE(find("x_in to device", l).empty()) << l;   // --offload's copies
     }
     int gathers = 0;
-    for (const Mark& k : marks)
+    for (const TimelineMark& k : marks)
         if (k.stream == "fsdp" && k.what == "gather" && k.bytes > 0) gathers++;
     EXPECT_GE(gathers, 4);  // each layer's unit, forward and backward
     EXPECT_EQ(find("head", -1).size(), 1u);
+}
+
+// --ckpt=selective --offload: the layer the host budget holds (0) and the one --device-keep-gib
+// holds (2, before the last) keep their attention output, as does the last (3, in its slot);
+// only layer 1 reruns attention in its backward. tiny-hd128 at 2048 tokens: a block input is
+// 0.5 MiB, an attention output and its lse 2 MiB + 32 KiB.
+TEST(Binary, SelectiveKeepsAttentionOnTheHostThenTheDevice) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    REQUIRE_GPU();
+    const std::string path = testing::TempDir() + "timeline_selective.json";
+    const double MiB = 1.0 / 1024, att = 2 + 1.0 / 32;  // GiB per MiB; MiB of one layer's attention output
+    char budgets[120];
+    snprintf(budgets, sizeof budgets, " --host-mem-gib %.6f --device-keep-gib %.6f", (4 * 0.5 + 1.5 * att) * MiB, 1.5 * att * MiB);
+    Result r = run_train("--config tiny-hd128 --layers 4 --seq-len 2048 --steps 1 --task random --ckpt=selective --offload" +
+                         std::string(budgets) + " --timeline " + path);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("attention kept for 3 of 4 layers (0 on the host, 2 on the device, 3 in its slot), rerun for layer 1"),
+              std::string::npos) << r.output;
+    const std::vector<TimelineMark> marks = read_timeline(path);
+    for (int l = 0; l < 4; l++) EXPECT_EQ(attention_reruns(marks, l), l == 1 ? 1 : 0) << "layer " << l;
+    EXPECT_FALSE(find_marks(marks, "att to device", 0).empty());  // fetched from the host
+    EXPECT_TRUE(find_marks(marks, "att to device", 2).empty());   // never left the device
 }
 
 TEST(Binary, TrainsAndReportsOutOfMemory) {
