@@ -1428,6 +1428,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
 // changes over a step is which of its bytes hold live data. Model states, communication slots and
 // workspace are live throughout; the activations each layer keeps in a slot of its own fill up
 // over the forward and empty over the backward, and so does the pinned host memory of --offload.
+// (The attention outputs =selective --offload keeps on the device count as live throughout.)
 // Each point is one progress event of the last step, timed on the GPU.
 std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena) {
     const int L = m.cfg.n_layers;

@@ -8,7 +8,8 @@
 // everything else is recomputed. Those kept
 // tensors still grow with the depth: L x T x 2D bytes of block inputs. With --offload they go to
 // pinned host memory as soon as they are produced, on a copy stream, and come back for the
-// layer's backward. The device keeps one staging slot for them:
+// layer's backward. The device keeps one staging slot for them (and =selective's layers kept on
+// the device have slots of their own):
 //   forward:  layer l reads its input from the slot while the copy of that input to the host
 //             runs beside its attention; its MLP then writes the layer's output over the input,
 //             chunk by chunk (the output's rows t0..t1 need only the input's rows t0..t1), after
@@ -51,7 +52,8 @@
 //                                 offload_before_layer_backward before each layer's backward
 //   llama.cu layer_forward        offload_after_attention_forward: att, lse out (=selective);
 //                                 the MLP's output may overwrite the input
-//   llama.cu slot                 every layer's staging slot is the one slot (Hold::ON_HOST)
+//   llama.cu slot                 every layer's staging slot is the one slot (Hold::ON_HOST),
+//                                 but for the layers kept on the device
 //   llama.cu model_free           offload_destroy; model_memory_trace counts the host bytes
 //   train.cpp                     --offload implies --ckpt; the plan prints the host bytes
 // --timeline (timeline.cu) records each copy on the copy stream.

@@ -662,6 +662,9 @@ static void print_attention_plan(const Run& r) {
 // =selective --offload: the layers whose attention output the host cannot hold keep it on the
 // device where the cap leaves room (offload.cu), at most --device-keep-gib of it. Planned last,
 // once the backward's kernels are chosen, less a margin for what the libraries allocate later.
+// The fused backward goes first: its fp32 dQ sums take about two layers' attention outputs (two
+// more reruns, two attention forwards), and it saves about a tenth of every layer's attention
+// backward (a quarter of a forward per layer), so it wins from about eight layers up.
 constexpr double DEVICE_KEEP_MARGIN_GIB = 1.0;
 static void plan_device_attention(Run& r, int64_t cap_bytes, int64_t runtime_bytes) {
     Model& m = r.m;
@@ -723,8 +726,15 @@ static int print_plan(Run& r) {
         printf("attention auto: planned with the lean backward; a run on an sm_90 GPU takes the fused one if its "
                "fp32 dQ sums also fit (give --mem-cap-gib to see which)\n");
     }
+    // The device's room: under the cap, or without one, what --device-keep-gib gives (a run
+    // without either fills the GPU it finds).
     if (o.mem_cap_gib > 0) plan_device_attention(r, (int64_t)(o.mem_cap_gib * GiB), (int64_t)(rt * GiB));
+    else if (o.step.device_keep_gib >= 0) plan_device_attention(r, INT64_MAX / 2, 0);
     print_attention_plan(r);
+    if (r.m.plan.att == Hold::ON_HOST && o.mem_cap_gib <= 0 && o.step.device_keep_gib < 0 &&
+        r.m.plan.att_host_layers < r.cfg.n_layers - 1 && r.lead)
+        printf("note: a run also keeps attention outputs on the device where the GPU has room (give --mem-cap-gib "
+               "or --device-keep-gib to see which layers)\n");
     printf("%s", plan_text(r.arena, r.host_bytes, rt, false).c_str());
     printf("%s", largest_buffers_text(r.arena, 30).c_str());
     if (r.host_bytes > 0)
@@ -906,7 +916,11 @@ static int allocate_on_every_rank(Run& r) {
     std::string alloc_error;
     int alloc_code = 0;
     try {
-        model_allocate(r.m, r.arena, r.dm, next_stage_hint(r.o, r.world));
+        const std::string hint = r.m.plan.att_device_layers > 0
+                                     ? "lower --device-keep-gib (attention outputs kept on the device: " +
+                                           std::to_string(r.m.plan.att_device_layers) + " layers)"
+                                     : next_stage_hint(r.o, r.world);
+        model_allocate(r.m, r.arena, r.dm, hint);
     } catch (const Fatal& f) {
         alloc_error = f.what(), alloc_code = f.code;
     }
@@ -940,12 +954,13 @@ static void open_log(Run& r) {
             "{\"type\": \"setup\", \"command\": \"%s\", \"gpu\": \"%s\", \"config\": \"%s\", \"layers\": %d, "
             "\"seq_len\": %lld, \"batch\": %d, \"world\": %d, \"simulated\": %s, \"local_tokens\": %lld, "
             "\"params\": %lld, \"attention\": \"%s\", \"plan_gib\": %s, \"runtime_gib\": %.4f, \"nccl_gib\": %.4f, "
-            "\"cap_gib\": %.3f}\n",
+            "\"cap_gib\": %.3f, \"attention_kept_on_host\": %d, \"attention_kept_on_device\": %d}\n",
             json_escape(command_line(o)).c_str(), r.prop.name, r.cfg.name.c_str(), r.cfg.n_layers, (long long)o.seq_len,
             o.batch, r.world, r.simulated ? "true" : "false", (long long)r.m.shape.tokens(),
             (long long)count_params(r.cfg),
             !r.fast_attention ? "reference" : o.step.fused_attention ? "hopper-fused" : "hopper", memory.c_str(),
-            dm.runtime_bytes / GiB, r.nccl_gib, dm.cap_bytes / GiB);
+            dm.runtime_bytes / GiB, r.nccl_gib, dm.cap_bytes / GiB,
+            r.m.plan.att == Hold::ON_HOST ? r.m.plan.att_host_layers : 0, r.m.plan.att == Hold::ON_HOST ? r.m.plan.att_device_layers : 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     fprintf(r.log, "{\"type\": \"allocated\", \"memory_gib\": %s, \"runtime_gib\": %.4f, \"driver_gib\": %.4f}\n",
             memory.c_str(), dm.runtime_bytes / GiB, dm.driver_used_bytes() / GiB);

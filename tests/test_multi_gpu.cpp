@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include "../train.h"
 #include "test_util.h"
 
 namespace {
@@ -136,12 +137,25 @@ TEST(MultiGpu, UlyssesAndFsdpMatchOneGpu) {
         SCOPED_TRACE(cfg);
         const std::string common = std::string("--config ") + cfg +
                                    " --layers 3 --task random --steps 3 --lr 2e-3 --seed 11 --seq-len 400 --batch 1";
+        // =selective --offload with a host budget for no layer's attention output and a device
+        // budget for one: layer 0 reruns attention, layer 1 keeps it on the device, layer 2 in its
+        // slot, and both ranks agree on that (a rerun takes part in the all-to-alls).
+        const LlamaConfig c = config_by_name(cfg);
+        const double T = 200, att_bytes = T * c.q_dim() * 2 + (c.n_heads / 2) * 400.0 * 4;
+        char budgets[120];
+        snprintf(budgets, sizeof budgets, " --host-mem-gib %.9f --device-keep-gib %.9f",
+                 (3 * T * c.dim * 2 + 0.5 * att_bytes) / (1 << 30), 1.5 * att_bytes / (1 << 30));
         expect_same_as_one_gpu(common, "", {"--nproc 2 --ulysses", "--nproc 2 --ulysses --fsdp",
                                             "--nproc 2 --ulysses --ckpt=selective",
                                             "--nproc 2 --ulysses --fsdp --ckpt=selective --offload",
+                                            "--nproc 2 --ulysses --ckpt=selective --offload" + std::string(budgets),
                                             "--nproc 2 --stage 5 --chunk-tokens 56 --loss-chunk-tokens 72",
                                             "--nproc 2 --ulysses --untied", "--nproc 2 --ulysses --untied=2 --ckpt=selective",
                                             "--nproc 2 --stage 6 --chunk-tokens 56"});
+        Result kept = sh("./train " + common + " --nproc 2 --ulysses --ckpt=selective --offload --steps 1" + budgets);
+        ASSERT_EQ(kept.code, 0) << kept.output;
+        EXPECT_NE(kept.output.find("attention kept for 2 of 3 layers (none on the host, 1 on the device, 2 in its slot), "
+                                   "rerun for layer 0"), std::string::npos) << kept.output;
     }
 }
 
