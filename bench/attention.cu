@@ -2,11 +2,13 @@
 // (attention_hopper.cu on Hopper, head dim 128), each shape first checked against attention.cu's
 // reference kernels on the same inputs.
 //
-//   build/bench_attention [--seqs 8K,16K,64K,128K,1M] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8] [--reference] [--no-check]
+//   build/bench_attention [--seqs 8K,16K,64K,128K,1M] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8,untied] [--reference]
+//                         [--no-check]
 //                         [--separate] [--json FILE]
 //
-// Shapes: Llama 3.2 3B (24 query / 8 KV heads) and Llama 3.1 8B (32 / 8), and (3B-U8, 8B-U8; not
-// by default) their heads on one of eight Ulysses ranks (3 / 1 and 4 / 1), head dim 128, bf16,
+// Shapes: Llama 3.2 3B (24 query / 8 KV heads) and Llama 3.1 8B (32 / 8), and (3B-U8, 8B-U8,
+// untied; not by default) their heads on one of eight Ulysses ranks (3 / 1 and 4 / 1), and one
+// call of Untied Ulysses at --untied=1 on such a rank (1 / 1: what --stage 6 runs), head dim 128, bf16,
 // causal, one sequence. FLOPs as docs/reference.md counts them: forward 4 S^2 d H / 2, backward 2.5x
 // (the backward's time includes its delta = rowsum(dO * O) kernel; the fused backward's also
 // clearing and converting its fp32 dQ workspace). Times are CUDA-event medians
@@ -98,7 +100,8 @@ static int bench_main(int argc, char** argv) {
     std::vector<int64_t> seqs = {8192, 16384, 65536, 131072};
     int reps = 10, warmup = 2;
     struct Shape { const char *key, *name; int hq, hkv; };
-    const Shape known[] = {{"3B", "3B 24/8", 24, 8}, {"8B", "8B 32/8", 32, 8}, {"3B-U8", "3B-U8 3/1", 3, 1}, {"8B-U8", "8B-U8 4/1", 4, 1}};
+    const Shape known[] = {{"3B", "3B 24/8", 24, 8}, {"8B", "8B 32/8", 32, 8}, {"3B-U8", "3B-U8 3/1", 3, 1}, {"8B-U8", "8B-U8 4/1", 4, 1},
+                           {"untied", "untied 1/1", 1, 1}};
     std::vector<Shape> shapes = {known[0], known[1]};
     bool time_reference = false, check = true, separate = false;
     std::string json;
@@ -116,7 +119,7 @@ static int bench_main(int argc, char** argv) {
                 for (const Shape& k : known)
                     if (key == k.key) found = &k;
                 if (!found) {
-                    fprintf(stderr, "bench_attention: --shapes takes a list of 3B, 8B, 3B-U8, 8B-U8, got '%s'\n", key.c_str());
+                    fprintf(stderr, "bench_attention: --shapes takes a list of 3B, 8B, 3B-U8, 8B-U8, untied, got '%s'\n", key.c_str());
                     return 2;
                 }
                 shapes.push_back(*found);
@@ -132,7 +135,7 @@ static int bench_main(int argc, char** argv) {
         } else if (a == "--separate") {
             separate = true;
         } else {
-            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8] [--reference] [--no-check] [--separate] [--json FILE]\n");
+            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8,untied] [--reference] [--no-check] [--separate] [--json FILE]\n");
             return 2;
         }
     }
