@@ -1,15 +1,14 @@
 // offload.cu - CPU offload of the kept activations (--offload, ladder stage 4; the talk at
 // 07:48, with activation checkpointing, checkpointing.cu).
 //
-// Under --ckpt (which --offload implies) each layer keeps only its block input x_in (and under
-// --ckpt=selective its attention output and lse, for as many layers as the pinned host memory
-// that --host-mem-gib allows per GPU holds after the block inputs, then for as many more as the
-// device has room for under the cap; the other layers rerun attention in the backward);
-// everything else is recomputed. Those kept
-// tensors still grow with the depth: L x T x 2D bytes of block inputs. With --offload they go to
-// pinned host memory as soon as they are produced, on a copy stream, and come back for the
-// layer's backward. The device keeps one staging slot for them (and =selective's layers kept on
-// the device have slots of their own):
+// Under --ckpt (which --offload implies) each layer keeps only its block input x_in, and under
+// --ckpt=selective also its attention output and lse: for as many layers as the pinned host
+// memory that --host-mem-gib allows per GPU holds after the block inputs, then for as many more
+// as the device has room for under the cap; the other layers rerun attention in the backward.
+// Everything else is recomputed. The kept tensors still grow with the depth: L x T x 2D bytes of
+// block inputs. With --offload they go to pinned host memory as soon as they are produced, on a
+// copy stream, and come back for the layer's backward. The device keeps one staging slot for
+// them (=selective's layers kept on the device have slots of their own):
 //   forward:  layer l reads its input from the slot while the copy of that input to the host
 //             runs beside its attention; its MLP then writes the layer's output over the input,
 //             chunk by chunk (the output's rows t0..t1 need only the input's rows t0..t1), after
