@@ -149,8 +149,8 @@ def main():
         L = r["layer_s"]
         per = {k: L[k]["forward"]["total"] + L[k]["backward"]["total"] for k in L}
         print(f"| {name} | {r['layers_keeping_attention']} of {r['layers']} | {per['rerun']:.1f} / {per['kept']:.1f} | "
-              f"{r['outside_layers_s']:.1f} | {r['full_depth_step_s']:.0f} | **{r['tokens_per_s_per_gpu']:.0f}** | "
-              f"{r['node_estimate']['tokens_per_s_per_gpu']:.0f} | "
+              f"{r['outside_layers_s']:.1f} | {r['full_depth_step_s']:.0f} | **{r['tokens_per_s_per_gpu']:.1f}** | "
+              f"{r['node_estimate']['tokens_per_s_per_gpu']:.1f} | "
               f"{PAPER.get(seq, '') if name.startswith('llama3.1-8b') else ''} |")
     print()
     print("| run, layer | direction | total s | attention kernels | all-to-alls (GiB sent; s emulated) "
@@ -172,7 +172,7 @@ def main():
     for r in results:
         b = r["bounds"]
         rt = b["measured_attention_tflops"]
-        cases = "; ".join(f"{k}: {v['host budget']:.0f}, {v['every layer kept']:.0f}"
+        cases = "; ".join(f"{k}: {v['host budget']:.1f}, {v['every layer kept']:.1f}"
                           for k, v in b["tokens_per_s_per_gpu_if_attention_at"].items())
         print(f"| {r['name']} | {rt['forward']:.0f} / {rt['backward']:.0f} | {cases} |")
 
