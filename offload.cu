@@ -40,7 +40,7 @@
 //   offload_plan                  x_in (and a kept att, lse) move to the host, one device slot;
 //                                 =selective: how many layers' att fit (att_host_layers), and
 //                                 how many more keep theirs on the device (att_device_layers)
-//   train.cpp plan_device_attention  the room under the cap (--device-keep-gib bounds it); every
+//   train.cpp device_attention_room  the room under the cap (--device-keep-gib bounds it); every
 //                                 rank keeps the same layers (a rerun takes part in all-to-alls)
 //   llama.cu declare_activations  the device-kept layers' own att, lse slots (offload_device_slot)
 //   checkpointing.cu attention_kept   the other layers rerun attention in the backward

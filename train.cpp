@@ -666,15 +666,18 @@ static void print_attention_plan(const Run& r) {
 // more reruns, two attention forwards), and it saves about a tenth of every layer's attention
 // backward (a quarter of a forward per layer), so it wins from about eight layers up.
 constexpr double DEVICE_KEEP_MARGIN_GIB = 1.0;
-static void plan_device_attention(Run& r, int64_t cap_bytes, int64_t runtime_bytes) {
-    Model& m = r.m;
-    if (m.plan.att != Hold::ON_HOST || m.plan.att_host_layers >= r.cfg.n_layers - 1) return;
-    const int64_t kept_now = m.plan.att_device_layers * offload_attention_bytes(m);  // none on a first call
-    double room = (double)(cap_bytes - runtime_bytes - r.arena.total() + kept_now) - DEVICE_KEEP_MARGIN_GIB * GiB;
+static int device_attention_room(const Run& r, int64_t cap_bytes, int64_t runtime_bytes) {
+    const Model& m = r.m;  // its plan keeps none on the device yet (plan_run)
+    if (m.plan.att != Hold::ON_HOST) return 0;
+    double room = (double)(cap_bytes - runtime_bytes - r.arena.total()) - DEVICE_KEEP_MARGIN_GIB * GiB;
     if (r.o.step.device_keep_gib >= 0) room = std::min(room, r.o.step.device_keep_gib * GiB);
-    m.device_attention_layers = (int)std::clamp(room / (double)offload_attention_bytes(m), 0.0, (double)r.cfg.n_layers);
+    return (int)std::clamp(room / (double)offload_attention_bytes(m), 0.0, (double)r.cfg.n_layers);
+}
+static void keep_attention_layers_on_device(Run& r, int layers) {
+    if (layers == r.m.device_attention_layers) return;
+    r.m.device_attention_layers = layers;  // offload_plan keeps at most those that would rerun
     r.arena = Arena();
-    model_declare_buffers(m, r.arena);
+    model_declare_buffers(r.m, r.arena);
 }
 
 // Pinned host memory beyond --host-mem-gib is an out-of-memory, reported before a GPU is touched.
@@ -728,8 +731,8 @@ static int print_plan(Run& r) {
     }
     // The device's room: under the cap, or without one, what --device-keep-gib gives (a run
     // without either fills the GPU it finds).
-    if (o.mem_cap_gib > 0) plan_device_attention(r, (int64_t)(o.mem_cap_gib * GiB), (int64_t)(rt * GiB));
-    else if (o.step.device_keep_gib >= 0) plan_device_attention(r, INT64_MAX / 2, 0);
+    if (o.mem_cap_gib > 0) keep_attention_layers_on_device(r, device_attention_room(r, (int64_t)(o.mem_cap_gib * GiB), (int64_t)(rt * GiB)));
+    else if (o.step.device_keep_gib >= 0) keep_attention_layers_on_device(r, device_attention_room(r, INT64_MAX / 2, 0));
     print_attention_plan(r);
     if (r.m.plan.att == Hold::ON_HOST && o.mem_cap_gib <= 0 && o.step.device_keep_gib < 0 &&
         r.m.plan.att_host_layers < r.cfg.n_layers - 1 && r.lead)
@@ -843,17 +846,22 @@ static void open_gpu(Run& r) {
     m.pin_host = o.steps > 0;  // a run of no steps shows the allocation; pinned memory is planned only
 }
 
-// The sum over all ranks of one number per rank (a flag, a count), on the device.
-static float sum_over_ranks(Comm* comm, float mine, cudaStream_t s, double timeout_s) {
+// Each rank's numbers summed over all ranks, in place, on the device (setup only).
+static void sum_over_ranks(Comm* comm, std::vector<float>& x, cudaStream_t s, double timeout_s) {
     float* buf = nullptr;
-    float sum = 0;
-    CUDA_CHECK(cudaMalloc(&buf, sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(buf, &mine, sizeof(float), cudaMemcpyHostToDevice));
-    comm->all_reduce(buf, 1, DType::F32, s);
+    const size_t bytes = x.size() * sizeof(float);
+    CUDA_CHECK(cudaMalloc(&buf, bytes));
+    CUDA_CHECK(cudaMemcpy(buf, x.data(), bytes, cudaMemcpyHostToDevice));
+    comm->all_reduce(buf, (int64_t)x.size(), DType::F32, s);
     comm_sync(comm, s, timeout_s);
-    CUDA_CHECK(cudaMemcpy(&sum, buf, sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(x.data(), buf, bytes, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(buf));
-    return sum;
+}
+// The sum over all ranks of one number per rank (a flag, a count).
+static float sum_over_ranks(Comm* comm, float mine, cudaStream_t s, double timeout_s) {
+    std::vector<float> x{mine};
+    sum_over_ranks(comm, x, s, timeout_s);
+    return x[0];
 }
 
 // auto: the fused backward if its dQ sums fit on every rank (ranks agree, so they run the same
@@ -868,15 +876,9 @@ static void choose_attention(Run& r) {
 
 // The smallest of one count per rank (each rank's in its own entry, summed).
 static int min_over_ranks(const Run& r, int mine) {
-    float* buf = nullptr;
     std::vector<float> counts(r.world, 0.f);
     counts[r.rank] = (float)mine;
-    CUDA_CHECK(cudaMalloc(&buf, r.world * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(buf, counts.data(), r.world * sizeof(float), cudaMemcpyHostToDevice));
-    r.m.comm->all_reduce(buf, r.world, DType::F32, r.stream);
-    comm_sync(r.m.comm, r.stream, r.o.comm_timeout_s);
-    CUDA_CHECK(cudaMemcpy(counts.data(), buf, r.world * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(buf));
+    sum_over_ranks(r.m.comm, counts, r.stream, r.o.comm_timeout_s);
     return (int)*std::min_element(counts.begin(), counts.end());
 }
 
@@ -885,13 +887,9 @@ static int min_over_ranks(const Run& r, int mine) {
 static void keep_attention_on_device(Run& r) {
     if (r.m.plan.att != Hold::ON_HOST) return;
     const DeviceMemory& dm = r.dm;
-    plan_device_attention(r, dm.cap_bytes, dm.runtime_bytes + dm.emulated_bytes);
-    if (r.launch.world == 1) return;
-    const int agreed = min_over_ranks(r, r.m.plan.att_device_layers);
-    if (agreed == r.m.plan.att_device_layers) return;
-    r.m.device_attention_layers = agreed;
-    r.arena = Arena();
-    model_declare_buffers(r.m, r.arena);
+    int layers = device_attention_room(r, dm.cap_bytes, dm.runtime_bytes + dm.emulated_bytes);
+    if (r.launch.world > 1) layers = min_over_ranks(r, layers);
+    keep_attention_layers_on_device(r, layers);
 }
 
 static void print_gpu(const Run& r) {
@@ -959,8 +957,7 @@ static void open_log(Run& r) {
             o.batch, r.world, r.simulated ? "true" : "false", (long long)r.m.shape.tokens(),
             (long long)count_params(r.cfg),
             !r.fast_attention ? "reference" : o.step.fused_attention ? "hopper-fused" : "hopper", memory.c_str(),
-            dm.runtime_bytes / GiB, r.nccl_gib, dm.cap_bytes / GiB,
-            r.m.plan.att == Hold::ON_HOST ? r.m.plan.att_host_layers : 0, r.m.plan.att == Hold::ON_HOST ? r.m.plan.att_device_layers : 0);
+            dm.runtime_bytes / GiB, r.nccl_gib, dm.cap_bytes / GiB, r.m.plan.att_host_layers, r.m.plan.att_device_layers);
     CUDA_CHECK(cudaDeviceSynchronize());
     fprintf(r.log, "{\"type\": \"allocated\", \"memory_gib\": %s, \"runtime_gib\": %.4f, \"driver_gib\": %.4f}\n",
             memory.c_str(), dm.runtime_bytes / GiB, dm.driver_used_bytes() / GiB);
