@@ -822,6 +822,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             const float2 d = *(const float2*)(minus_delta + ln.col(jj, 0));
             dpt[4 * jj] = dpt[4 * jj + 2] = d.x, dpt[4 * jj + 1] = dpt[4 * jj + 3] = d.y;
         }
+        fence_regs<32>(dpt);  // set before the fence below, or ptxas serializes the two products
         turns.mine();
         wgmma_fence();
         product_64_ss(st, k_rows, q_tile, BQ);
@@ -1039,6 +1040,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         float sc[32], dp[32];
 #pragma unroll
         for (int i = 0; i < 32; i++) dp[i] = -delta[(i / 2) % 2];  // dP - delta, as in the dK/dV kernel
+        fence_regs<32>(dp);
         turns.mine();
         wgmma_fence();
         product_64_ss(sc, q_rows, k_tile, BQ);
