@@ -824,15 +824,15 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         // The dK/dV kernel fences -delta's registers so that both groups go out together:
         // unfenced, ptxas would add a wait for S^T before the second. The fused kernel waits for
-        // S^T anyway (below); there the fence measured 1% slower, with the same bits.
+        // S^T anyway (below) and leaves them unfenced, which schedules better there (ptxas then
+        // notes the warpgroup arrive it adds; docs/attention.md).
         if (!FUSED_DQ) fence_regs<32>(dpt);
         turns.mine();
         wgmma_fence();
         product_64_ss(st, k_rows, q_tile, BQ);
         wgmma_commit();
-        // The fused kernel issues dP^T only once S^T is done: the compiler then interleaves the
-        // exponentials of P^T with dP^T's issue, 1.5-2.5% faster at the U8 shapes than issuing
-        // both groups at once.
+        // The fused kernel issues dP^T only once S^T is done, which is faster there than issuing
+        // both groups at once (docs/attention.md).
         if (FUSED_DQ) wgmma_wait<0>();
         product_64_ss(dpt, v_rows, do_tile, BQ, true);
         wgmma_commit();
