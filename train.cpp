@@ -197,7 +197,7 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--task") o.task = need();
         else if (arg == "--task-vocab") o.task_vocab = (int)parse_int(arg, need(), 2, 1 << 30);
         else if (arg == "--mem-cap-gib") o.mem_cap_gib = parse_double(arg, need(), 0.001, 1e6);
-        else if (arg == "--host-mem-gib") o.step.host_mem_gib = parse_double(arg, need(), 0.001, 1e9);
+        else if (arg == "--host-mem-gib") o.step.host_mem_gib = parse_double(arg, need(), 0.0, 1e9);
         else if (arg == "--device-keep-gib") o.step.device_keep_gib = parse_double(arg, need(), 0.0, 1e6);
         else if (arg == "--peak-tflops") o.peak_tflops = parse_double(arg, need(), 0.001, 1e6);
         else if (arg == "--log") o.log_path = need();
