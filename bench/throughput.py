@@ -8,7 +8,10 @@ its output. The full-depth step is then
 
     (two-layer step - both layers) + kept x layer 1 + (layers - kept) x layer 0
 
-and tokens/s per GPU = tokens on the GPU / that.
+and tokens/s per GPU = tokens on the GPU / that. The kept layer of the run is the last, whose
+attention output never leaves the device; a layer that keeps its output on the host fetches it
+before its backward, exposed, so each of those (the plan's "on the host") adds one such fetch at
+the rate the run's block-input fetches had.
 
 Each layer's time is also taken apart from the marks inside it: the attention kernels, the
 all-to-alls (with their bytes), the MLP, and the rest (projections, norms, deltas, waits). Under
@@ -60,6 +63,8 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
     layers = int(re.search(r"^model \S+: (\d+) layers", plan, re.M).group(1))
     m = re.search(r"attention kept for (\d+) of (\d+) layers", plan)
     kept = int(m.group(1)) if m else 0  # without selective checkpointing every layer reruns
+    m = re.search(r"\((\S+) on the host", plan)  # "0-25", "0" or "none"
+    on_host = 0 if not m or m.group(1) == "none" else int(m.group(1).split("-")[-1]) + 1
     tokens = int(re.search(r", (\d+) on each GPU", plan).group(1))
     heads, head_dim = map(int, re.search(r"heads (\d+)/\d+ x (\d+)", plan).group(1, 2))
     gpus = int(re.search(r"^run: (\d+) GPU", plan, re.M).group(1))
@@ -81,9 +86,14 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
 
     def a2a(k, what):  # seconds (or bytes) of one kind of mark in a layer of kind k, both directions
         return sum(parts[k][dr].get(what, 0) for dr in ("forward", "backward"))
+    # The fetch of an attention output from the host (and its lse), at the block inputs' fetch rate.
+    fetches = [e for e in marks if e["stream"] == "copy" and e["what"] == "x_in to device"]
+    fetch_s_per_byte = min((e["end_ms"] - e["start_ms"]) / 1000.0 / e["bytes"] for e in fetches) if fetches else 0.0
+    att_fetch_s = (tokens * heads * head_dim * 2 + heads // gpus * seq * 4) * fetch_s_per_byte
     fixed = step - per_layer["rerun"] - per_layer["kept"]
+    outside = fixed + on_host * att_fetch_s  # what does not scale with the layers' kinds
     count = {"kept": kept, "rerun": layers - kept}
-    full = fixed + sum(count[k] * per_layer[k] for k in kinds)
+    full = outside + sum(count[k] * per_layer[k] for k in kinds)
 
     # A node: the emulated all-to-alls (local copies) replaced by their bytes over NVLink. (On a
     # real node the marks time NVLink itself: nothing to replace.)
@@ -104,23 +114,25 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
         att["rerun"] += flops / fwd_tflops / 1e12
         rest = {k: per_layer[k] - (a2a(k, "attention forward") + a2a(k, "attention backward")) for k in kinds}
         n = {"kept": kept_layers, "rerun": layers - kept_layers}
-        return tokens / (fixed + sum(n[k] * (att[k] + rest[k]) for k in kinds))
+        return tokens / (outside + sum(n[k] * (att[k] + rest[k]) for k in kinds))
     cases = {"measured rates": (rates["forward"], rates["backward"]), "650/590": (650, 590), "peak 989/989": (989, 989)}
     bounds = {"measured_attention_tflops": rates,
               "tokens_per_s_per_gpu_if_attention_at": {
                   label: {"host budget": tokens_per_s(f, b, kept), "every layer kept": tokens_per_s(f, b, layers)}
                   for label, (f, b) in cases.items()}}
     out = {"name": name, "commit": commit, "command": run.get("command", ""), "layers": layers,
-           "layers_keeping_attention": kept, "tokens_per_gpu": tokens, "two_layer_step_s": step,
+           "layers_keeping_attention": kept, "attention_on_host": on_host, "attention_fetch_s": att_fetch_s,
+           "tokens_per_gpu": tokens, "two_layer_step_s": step,
            "layer_s": parts, "outside_layers_s": fixed, "full_depth_step_s": full,
            "tokens_per_s_per_gpu": tokens / full, "bounds": bounds,
            "node_estimate": {"nvlink_all_to_all_gbs_per_gpu": nvlink_gbs if simulated else None,
                              "full_depth_step_s": full + node_extra, "tokens_per_s_per_gpu": tokens / (full + node_extra)},
            "method": "two layers at the real length, one that reruns attention and one that keeps it; "
                      "the full depth is the step outside the layers once plus each kind of layer times "
-                     "how many the full-depth plan has. Not seen by the two layers: the fetch of a kept "
-                     "attention output from the host before a layer's backward (the kept layer here is "
-                     "the last, whose output stays on the device)"}
+                     "how many the full-depth plan has, plus, for each layer that keeps its attention "
+                     "output on the host, one exposed fetch of it before its backward (attention_fetch_s, "
+                     "at the run's block-input fetch rate), which the two layers do not see: their kept "
+                     "layer is the last, whose output stays on the device"}
     os.makedirs(out_dir, exist_ok=True)
     json.dump(out, open(os.path.join(out_dir, name + ".throughput.json"), "w"), indent=1)
     return out
