@@ -239,6 +239,13 @@ void fsdp_release(Model& m, int u, cudaStream_t s) {
     gather_ahead(m);
 }
 
+void fsdp_wait_gathered(Model& m, int u, cudaStream_t s) {
+    Fsdp& f = *m.fsdp;
+    int k = slot_of(f, u);  // gathered ahead, or out of the planned order
+    CUDA_CHECK(cudaStreamWaitEvent(s, f.ws[k].gathered, 0));
+    m.unit_w[u] = f.weight_slot[k];
+}
+
 void fsdp_grad_begin(Model& m, int u, cudaStream_t s) {
     Fsdp& f = *m.fsdp;
     if (!f.sharded) return;

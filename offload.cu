@@ -61,7 +61,7 @@
 #include "llama.h"
 
 struct Offload {
-    bf16* host_x = nullptr;     // [L, T, D] block inputs of every layer
+    bf16* host_x = nullptr;     // [L - n, T, D] block inputs of every layer but the n rebuilt ones
     bf16* host_att = nullptr;   // [K, T, Hq d] attention outputs of the first K = att_host_layers (selective)
     float* host_lse = nullptr;  // [K, B Hq S]
     int64_t host_bytes = 0;
@@ -85,12 +85,36 @@ void offload_plan(Model& m) {
     // by the block inputs holds (--host-mem-gib); the last layer's stays in its slot anyway.
     m.plan.att = Hold::ON_HOST;
     const int L = m.cfg.n_layers;
-    const int64_t left = (int64_t)(m.opt.host_mem_gib * GiB) - L * block_input_bytes(m);
-    const int K = m.plan.att_host_layers = (int)std::clamp<int64_t>(left / attention_bytes(m), 0, std::max(0, L - 1));
+    // With n block inputs rebuilt (layers 1, 3, .., 2n - 1), the host holds L - n inputs and the
+    // attention outputs of as many layers as the rest of the budget holds, at most L - 1.
+    auto host_layers = [&](int n) {
+        const int64_t left = (int64_t)(m.opt.host_mem_gib * GiB) - (L - n) * block_input_bytes(m);
+        return (int)std::clamp<int64_t>(left / attention_bytes(m), 0, std::max(0, L - 1));
+    };
     // Of the layers left to rerun attention, the last ones keep theirs on the device instead, as
     // many as the memory under the cap holds beyond the plan (train.cpp measures that room and sets
     // device_attention_layers; --device-keep-gib bounds it).
-    m.plan.att_device_layers = std::clamp(m.device_attention_layers, 0, std::max(0, L - 1 - K));
+    auto device_layers = [&](int K) { return std::clamp(m.device_attention_layers, 0, std::max(0, L - 1 - K)); };
+    auto kept = [&](int n) { return host_layers(n) + device_layers(host_layers(n)); };
+    // Rebuild as few inputs as keep the most attention outputs. Layer l's input is rebuilt from
+    // layer l-1's input and attention output, so layer l-1 keeps both on the host (2n - 2 < K);
+    // the last layer's input is where the head's input was, never rebuilt (2n - 1 <= L - 2).
+    const int most = m.opt.rebuild_inputs >= 0 ? std::min(m.opt.rebuild_inputs, (L - 1) / 2) : (L - 1) / 2;
+    int n = 0;
+    for (int c = 1; c <= most; c++)
+        if (2 * c - 2 < host_layers(c) && kept(c) > kept(n)) n = c;
+    m.plan.x_rebuilt_layers = n;
+    m.plan.att_host_layers = host_layers(n);
+    m.plan.att_device_layers = device_layers(m.plan.att_host_layers);
+}
+
+bool offload_input_rebuilt(const Model& m, int l) {
+    return m.plan.x_in == Hold::ON_HOST && l % 2 == 1 && l < 2 * m.plan.x_rebuilt_layers;
+}
+
+// The block inputs on the host among layers 0 .. n-1 (the rebuilt ones are not there).
+int offload_host_inputs(const Model& m, int n) {
+    return n - std::clamp(n / 2, 0, m.plan.x_rebuilt_layers);
 }
 
 int64_t offload_attention_bytes(const Model& m) { return attention_bytes(m); }
@@ -110,7 +134,7 @@ static int64_t host_attention_layers(const Model& m) {
 
 int64_t offload_host_bytes(const Model& m) {
     if (m.plan.x_in != Hold::ON_HOST) return 0;
-    return m.cfg.n_layers * block_input_bytes(m) + host_attention_layers(m) * attention_bytes(m);
+    return offload_host_inputs(m, m.cfg.n_layers) * block_input_bytes(m) + host_attention_layers(m) * attention_bytes(m);
 }
 void offload_create(Model& m) {
     if (m.plan.x_in != Hold::ON_HOST) return;
@@ -127,7 +151,7 @@ void offload_create(Model& m) {
                                       std::to_string(o->host_bytes / GiB) + " GiB) could not be allocated");
         }
     };
-    pin((void**)&o->host_x, m.cfg.n_layers * T * m.cfg.dim * 2, "block inputs");
+    pin((void**)&o->host_x, offload_host_inputs(m, m.cfg.n_layers) * T * m.cfg.dim * 2, "block inputs");
     pin((void**)&o->host_att, kept_att * T * m.cfg.q_dim() * 2, "attention outputs");
     pin((void**)&o->host_lse, kept_att * layer_lse_floats(m) * 4, "attention lse");
     CUDA_CHECK(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking));
@@ -160,12 +184,17 @@ static void copy_after_compute(Model& m, void* dst, const void* src, int64_t byt
     timeline_end(m, begin, "copy", what, layer, o.copy, bytes);
 }
 
+// Layer l's block input on the host.
+static bf16* host_input(Model& m, int l) {
+    return m.offload->host_x + offload_host_inputs(m, l) * tokens(m) * m.cfg.dim;
+}
+
 // Copy layer p's kept tensors into the staging slot, once the compute stream is here (the last
-// layer's attention output never left it).
-static void fetch_layer(Model& m, int p, cudaStream_t s) {
+// layer's attention output never left it; a rebuilt input never went).
+static void fetch_layer(Model& m, int p, cudaStream_t s, bool input = true) {
     Offload& o = *m.offload;
     const int64_t n = tokens(m) * m.cfg.dim;
-    copy_after_compute(m, m.layers[p].x_in, o.host_x + p * n, n * 2, cudaMemcpyHostToDevice, "x_in to device", p, s);
+    if (input) copy_after_compute(m, m.layers[p].x_in, host_input(m, p), n * 2, cudaMemcpyHostToDevice, "x_in to device", p, s);
     if (p < host_attention_layers(m)) {
         const int64_t na = tokens(m) * m.cfg.q_dim(), nl = layer_lse_floats(m);
         copy_after_compute(m, m.layers[p].att, o.host_att + p * na, na * 2, cudaMemcpyHostToDevice, "att to device", p, s);
@@ -186,9 +215,10 @@ void offload_step_begin(Model& m, cudaStream_t s) {
 
 void offload_save_block_input(Model& m, int l, cudaStream_t s) {
     if (!m.offload || l >= m.cfg.n_layers) return;  // the last layer's output is the head's input
+    if (offload_input_rebuilt(m, l)) return;        // rebuilt in the backward instead
     Offload& o = *m.offload;
     const int64_t n = tokens(m) * m.cfg.dim;
-    copy_after_compute(m, o.host_x + l * n, m.layers[l].x_in, n * 2, cudaMemcpyDeviceToHost, "x_in to host", l, s);
+    copy_after_compute(m, host_input(m, l), m.layers[l].x_in, n * 2, cudaMemcpyDeviceToHost, "x_in to host", l, s);
     CUDA_CHECK(cudaEventRecord(o.x_copied_out, o.copy));
 }
 
@@ -219,6 +249,19 @@ void offload_after_layer_forward(Model& m, int l, cudaStream_t s) {
 void offload_before_layer_backward(Model& m, int l, cudaStream_t s) {
     if (!m.offload) return;
     Offload& o = *m.offload;
-    fetch_layer(m, l, s);  // the slot is free: layer l+1 (or the head) is done with it
+    if (offload_input_rebuilt(m, l)) {
+        // Layer l's input is layer l-1's output: layer l-1's input and attention output into the
+        // slots, the rest of its block again (Wo, the MLP; as in the forward, so the same bits),
+        // then layer l's attention output over layer l-1's.
+        fetch_layer(m, l - 1, s);
+        CUDA_CHECK(cudaStreamWaitEvent(s, o.fetched, 0));
+        fsdp_wait_gathered(m, m.layout.layer_unit(l - 1), s);
+        int mark = timeline_begin(m, s);
+        block_output_forward(m, l - 1, s);
+        timeline_end(m, mark, "compute", "input rebuild", l, s);
+        fetch_layer(m, l, s, false);
+    } else {
+        fetch_layer(m, l, s);  // the slot is free: layer l+1 (or the head) is done with it
+    }
     CUDA_CHECK(cudaStreamWaitEvent(s, o.fetched, 0));
 }
