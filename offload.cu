@@ -15,6 +15,15 @@
 //             that copy is done. The last layer's output, the head's input, ends in the slot too,
 //             so every layer's input goes to the host, the last one included;
 //   backward: layer l's kept tensors are copied into the slot once layer l+1 is done with it.
+// Rebuilt inputs (=selective, within --host-mem-gib): when the host holds every block input but
+// not every attention output, leaving n inputs off the host makes room for about n more
+// attention outputs (2 D and 2 Hq d + 4 Hq bytes per token). Layer l's input is layer l-1's
+// output, x_in + att Wo^T + MLP(...), so where layer l-1 keeps both its input and its attention
+// output, layer l's backward rebuilds its input from them: Wo and the MLP of layer l-1 once more,
+// where a layer without its attention output would rerun attention, about 100 times the work at 5M. The
+// plan leaves off the inputs of layers 1, 3, .., 2n-1, as few as keep the most attention outputs
+// (--rebuild-inputs bounds n; 0: none). The rebuild runs the forward's kernels on the forward's
+// inputs, so the step is the same bit for bit.
 // Ordering is by CUDA events between the compute stream and the copy stream only; nothing
 // synchronizes the device. Pinned memory is allocated once, since pinning is slow
 // (docs/reference.md), and reused by every step.
@@ -24,22 +33,27 @@
 //           output; =selective: and L T (2 Hq d + 4 Hq) -> one slot of T (2 Hq d + 4 Hq))
 //           [+ D T (2 Hq d + 4 Hq)]  (=selective: D more layers' attention outputs kept on the
 //           device, as many as the room the plan leaves under the cap holds, less 1 GiB)
-//   host:   L T 2 D [+ K T (2 Hq d + 4 Hq)]  (=selective: K layers' attention outputs, as many as
-//           --host-mem-gib holds, at most L - 1: the last layer's stays in its slot; 8B at 3M on
-//           8 GPUs: 96 + 94.5 GiB, all layers; at 5M: 160 GiB of inputs leave 80 for 15 layers,
-//           and the 80 GiB cap has room for D = 5 more on the device, layers 26-30)
+//   host:   (L - n) T 2 D [+ K T (2 Hq d + 4 Hq)]  (=selective: K layers' attention outputs, as
+//           many as --host-mem-gib holds, at most L - 1: the last layer's stays in its slot; n
+//           inputs rebuilt; 8B at 3M on 8 GPUs: 96 + 94.5 GiB, all layers; at 5M with every input:
+//           160 GiB leave 80 for 15 layers, and the 80 GiB cap has room for D = 5 more on the
+//           device, layers 26-30; with n = 11 inputs rebuilt: 105 + 132 GiB for K = 26, and all
+//           32 layers keep theirs)
 // Cost: host-device traffic. In the forward it hides: a layer's input is 2 D bytes per token (8
 // KiB for 8B), at a pinned copy's bandwidth (about 55 GB/s, docs/reference.md) 0.15 us per
 // token, against about 3.3 us per token of the layer's GEMMs alone (6 FLOPs x 218 M parameters,
 // at 400 TFLOP/s), before attention, which grows with the context. In the backward the copy back
 // waits for the slot: 0.15 us per token and layer (=selective: about twice that) are exposed,
 // under 0.2% of a layer's backward at 1M tokens and beyond, where attention dominates; a second
-// slot would hide it for T 2D bytes more.
+// slot would hide it for T 2D bytes more. A rebuilt input costs layer l-1's Wo and MLP forward,
+// 2 T D (Hq d + 3 F) FLOPs (8B at 5M: 0.9% of a rerun of attention's), and one more
+// fetch of that layer's input and attention output, exposed.
 //
 // Where --offload changes the step:
 //   offload_plan                  x_in (and a kept att, lse) move to the host, one device slot;
-//                                 =selective: how many layers' att fit (att_host_layers), and
-//                                 how many more keep theirs on the device (att_device_layers)
+//                                 =selective: how many inputs are rebuilt (x_rebuilt_layers),
+//                                 how many layers' att fit (att_host_layers), and how many more
+//                                 keep theirs on the device (att_device_layers)
 //   train.cpp device_attention_room  the room under the cap (--device-keep-gib bounds it); every
 //                                 rank keeps the same layers (a rerun takes part in all-to-alls)
 //   llama.cu declare_activations  the device-kept layers' own att, lse slots (offload_device_slot)
@@ -49,6 +63,8 @@
 //                                 offload_save_block_input after the embedding;
 //                                 offload_before/after_layer_forward around each layer;
 //                                 offload_before_layer_backward before each layer's backward
+//                                 (a rebuilt input: block_output_forward of the layer below, its
+//                                 weights from fsdp_wait_gathered)
 //   llama.cu layer_forward        offload_after_attention_forward: att, lse out (=selective);
 //                                 the MLP's output may overwrite the input
 //   llama.cu slot                 every layer's staging slot is the one slot (Hold::ON_HOST),
