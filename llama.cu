@@ -1435,10 +1435,10 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
 // Each point is one progress event of the last step, timed on the GPU.
 std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena) {
     const int L = m.cfg.n_layers;
-    // The host holds the block inputs of every layer (and with --ckpt=selective the attention
-    // outputs and lse of the first att_host_layers): input l+1 is copied out right after layer
-    // l's forward, the attention output of layer l with it; the backward frees them from the last
-    // layer down.
+    // The host holds the block inputs of every layer but the rebuilt ones (and with
+    // --ckpt=selective the attention outputs and lse of the first att_host_layers): input l+1 is
+    // copied out right after layer l's forward, the attention output of layer l with it; the
+    // backward frees them from the last layer down.
     const int64_t T = m.shape.tokens();
     const int64_t host_x = m.plan.x_in == Hold::ON_HOST ? T * m.cfg.dim * 2 : 0;
     const int64_t host_att = m.plan.att == Hold::ON_HOST ? T * m.cfg.q_dim() * 2 + layer_lse_floats(m) * 4 : 0;

@@ -13,11 +13,11 @@
 //             runs beside its attention; its MLP then writes the layer's output over the input,
 //             chunk by chunk (the output's rows t0..t1 need only the input's rows t0..t1), after
 //             that copy is done. The last layer's output, the head's input, ends in the slot too,
-//             so every layer's input goes to the host, the last one included;
+//             so every layer's input goes to the host, the last one included (but rebuilt ones);
 //   backward: layer l's kept tensors are copied into the slot once layer l+1 is done with it.
 // Rebuilt inputs (=selective, within --host-mem-gib): when the host holds every block input but
-// not every attention output, leaving n inputs off the host makes room for about n more
-// attention outputs (2 D and 2 Hq d + 4 Hq bytes per token). Layer l's input is layer l-1's
+// not every attention output, leaving inputs off the host makes room for more attention outputs
+// (2 D against 2 Hq d + 4 Hq bytes per token: about one for one in Llama). Layer l's input is layer l-1's
 // output, x_in + att Wo^T + MLP(...), so where layer l-1 keeps both its input and its attention
 // output, layer l's backward rebuilds its input from them: Wo and the MLP of layer l-1 once more,
 // where a layer without its attention output would rerun attention, about 100 times the work at 5M. The
@@ -46,8 +46,8 @@
 // waits for the slot: 0.15 us per token and layer (=selective: about twice that) are exposed,
 // under 0.2% of a layer's backward at 1M tokens and beyond, where attention dominates; a second
 // slot would hide it for T 2D bytes more. A rebuilt input costs layer l-1's Wo and MLP forward,
-// 2 T D (Hq d + 3 F) FLOPs (8B at 5M: 0.9% of a rerun of attention's), and one more
-// fetch of that layer's input and attention output, exposed.
+// 2 T D (Hq d + 3 F) FLOPs (8B at 5M: 0.9% of a rerun of attention's), and one more fetch of
+// layer l-1's attention output, exposed (layer l-1's input is fetched in place of layer l's).
 //
 // Where --offload changes the step:
 //   offload_plan                  x_in (and a kept att, lse) move to the host, one device slot;
@@ -93,6 +93,16 @@ static int64_t tokens(const Model& m) { return m.shape.tokens(); }
 static int64_t block_input_bytes(const Model& m) { return tokens(m) * m.cfg.dim * 2; }
 static int64_t attention_bytes(const Model& m) { return tokens(m) * m.cfg.q_dim() * 2 + layer_lse_floats(m) * 4; }
 
+// A rebuilt input: layer l-1's Wo and MLP forward. A rerun: one layer's attention forward.
+static double rebuild_flops(const Model& m) {
+    const LlamaConfig& c = m.cfg;
+    return 2.0 * tokens(m) * c.dim * (c.q_dim() + 3.0 * c.ffn_dim);
+}
+static double rerun_flops(const Model& m) {
+    const LlamaConfig& c = m.cfg;
+    return attention_forward_flops({m.shape.batch, m.shape.seq, c.n_heads / m.shape.sp, c.n_kv_heads, c.head_dim});
+}
+
 void offload_plan(Model& m) {
     if (!m.opt.offload) return;
     m.plan.x_in = Hold::ON_HOST;
@@ -114,8 +124,12 @@ void offload_plan(Model& m) {
     auto kept = [&](int n) { return host_layers(n) + device_layers(host_layers(n)); };
     // Rebuild as few inputs as keep the most attention outputs. Layer l's input is rebuilt from
     // layer l-1's input and attention output, so layer l-1 keeps both on the host (2n - 2 < K);
-    // the last layer's input is where the head's input was, never rebuilt (2n - 1 <= L - 2).
-    const int most = m.opt.rebuild_inputs >= 0 ? std::min(m.opt.rebuild_inputs, (L - 1) / 2) : (L - 1) / 2;
+    // the last layer's input is where the head's input was, never rebuilt (2n - 1 <= L - 2). By
+    // default only where a rebuild (Wo and the MLP) costs less than the attention rerun it
+    // saves: at long context (8B: beyond about 47K tokens), not at short.
+    const int most = m.opt.rebuild_inputs >= 0 ? std::min(m.opt.rebuild_inputs, (L - 1) / 2)
+                     : rebuild_flops(m) < rerun_flops(m) ? (L - 1) / 2
+                                                         : 0;
     int n = 0;
     for (int c = 1; c <= most; c++)
         if (2 * c - 2 < host_layers(c) && kept(c) > kept(n)) n = c;
@@ -206,15 +220,15 @@ static bf16* host_input(Model& m, int l) {
 }
 
 // Copy layer p's kept tensors into the staging slot, once the compute stream is here (the last
-// layer's attention output never left it; a rebuilt input never went).
-static void fetch_layer(Model& m, int p, cudaStream_t s, bool input = true) {
+// layer's attention output never left it; a rebuilt input never went; a rebuild reads no lse).
+static void fetch_layer(Model& m, int p, cudaStream_t s, bool input = true, bool lse = true) {
     Offload& o = *m.offload;
     const int64_t n = tokens(m) * m.cfg.dim;
     if (input) copy_after_compute(m, m.layers[p].x_in, host_input(m, p), n * 2, cudaMemcpyHostToDevice, "x_in to device", p, s);
     if (p < host_attention_layers(m)) {
         const int64_t na = tokens(m) * m.cfg.q_dim(), nl = layer_lse_floats(m);
         copy_after_compute(m, m.layers[p].att, o.host_att + p * na, na * 2, cudaMemcpyHostToDevice, "att to device", p, s);
-        copy_after_compute(m, m.layers[p].lse, o.host_lse + p * nl, nl * 4, cudaMemcpyHostToDevice, "lse to device", p, s);
+        if (lse) copy_after_compute(m, m.layers[p].lse, o.host_lse + p * nl, nl * 4, cudaMemcpyHostToDevice, "lse to device", p, s);
     }
     CUDA_CHECK(cudaEventRecord(o.fetched, o.copy));
 }
@@ -269,7 +283,7 @@ void offload_before_layer_backward(Model& m, int l, cudaStream_t s) {
         // Layer l's input is layer l-1's output: layer l-1's input and attention output into the
         // slots, the rest of its block again (Wo, the MLP; as in the forward, so the same bits),
         // then layer l's attention output over layer l-1's.
-        fetch_layer(m, l - 1, s);
+        fetch_layer(m, l - 1, s, true, false);
         CUDA_CHECK(cudaStreamWaitEvent(s, o.fetched, 0));
         fsdp_wait_gathered(m, m.layout.layer_unit(l - 1), s);
         int mark = timeline_begin(m, s);

@@ -659,6 +659,7 @@ static void print_attention_plan(const Run& r) {
     const int rerun = L - 1 - D - K, n = p.x_rebuilt_layers;
     const std::string rebuilt = n == 0   ? ""
                                 : n == 1 ? "; block input rebuilt for layer 1"
+                                : n == 2 ? "; block inputs rebuilt for layers 1 and 3"
                                          : "; block inputs rebuilt for layers 1, 3, .., " + std::to_string(2 * n - 1);
     printf("selective checkpointing within --host-mem-gib %.4g: attention kept for %d of %d layers (%s on the host, "
            "%s%d in its slot), rerun for %s%s%s\n",
@@ -1120,6 +1121,7 @@ static int run(const Options& o, const Launch& launch) {
     open_gpu(r);
     if (o.attention == "auto") choose_attention(r);
     keep_attention_on_device(r);
+    check_host_memory(r);  // the device's layers may leave fewer inputs to rebuild
     print_attention_plan(r);
     if (r.lead) print_gpu(r);
     if (int code = allocate_on_every_rank(r)) return code;

@@ -470,7 +470,7 @@ TEST(Binary, RebuiltInputLetsTheHostKeepOneMoreAttentionOutput) {
     const std::string path = testing::TempDir() + "timeline_rebuilt.json";
     const double MiB = 1.0 / 1024, input = 0.5, att = 2 + 1.0 / 32;  // GiB per MiB; MiB of a block input, of an attention output
     char budgets[120];
-    snprintf(budgets, sizeof budgets, " --host-mem-gib %.6f --device-keep-gib 0", (3 * input + 2.1 * att) * MiB);
+    snprintf(budgets, sizeof budgets, " --host-mem-gib %.6f --device-keep-gib 0 --rebuild-inputs 1", (3 * input + 2.1 * att) * MiB);
     Result r = run_train("--config tiny-hd128 --layers 4 --seq-len 2048 --steps 1 --task random --ckpt=selective --offload" +
                          std::string(budgets) + " --timeline " + path);
     ASSERT_EQ(r.code, 0) << r.output;
@@ -484,8 +484,8 @@ TEST(Binary, RebuiltInputLetsTheHostKeepOneMoreAttentionOutput) {
     EXPECT_TRUE(find_marks(marks, "x_in to host", 1).empty());     // never saved
     EXPECT_EQ(find_marks(marks, "x_in to device", 0).size(), 2u);  // for layer 1's rebuild, then layer 0's backward
     EXPECT_EQ(find_marks(marks, "att to device", 0).size(), 2u);
-    Result off = run_train("--config tiny-hd128 --layers 4 --seq-len 2048 --ckpt=selective --offload --plan --rebuild-inputs 0" +
-                           std::string(budgets));
+    Result off = run_train("--config tiny-hd128 --layers 4 --seq-len 2048 --ckpt=selective --offload --plan" +
+                           std::string(budgets) + " --rebuild-inputs 0");
     EXPECT_NE(off.output.find("attention kept for 2 of 4 layers (0 on the host, 3 in its slot), rerun for layers 1-2\n"),
               std::string::npos) << off.output;
 }
@@ -638,6 +638,16 @@ TEST(Binary, HostMemoryBudget) {
     EXPECT_NE(alone.output.find("attention kept for 31 of 32 layers (0-29 on the host, 31 in its slot), rerun for "
                                 "layer 30; block inputs rebuilt for layers 1, 3, .., 29\n"),
               std::string::npos) << alone.output;
+    // At 32K a rebuild (Wo and the MLP of a layer) costs more than the attention forward it saves,
+    // so by default none; asked for, two inputs off the host (0.25 GiB each) make room for one
+    // more attention output (0.254 GiB).
+    const std::string short_ctx = "--plan --config llama3.1-8b --seq-len 32K --ckpt=selective --offload --host-mem-gib 10.54";
+    Result by_default = run_train(short_ctx);
+    EXPECT_NE(by_default.output.find("attention kept for 11 of 32 layers (0-9 on the host, 31 in its slot), rerun for "
+                                     "layers 10-30\n"), std::string::npos) << by_default.output;
+    Result asked = run_train(short_ctx + " --rebuild-inputs 2");
+    EXPECT_NE(asked.output.find("attention kept for 12 of 32 layers (0-10 on the host, 31 in its slot), rerun for "
+                                "layers 11-30; block inputs rebuilt for layers 1 and 3\n"), std::string::npos) << asked.output;
 }
 
 TEST(Ladder, RefusesTheFlagsItSetsItself) {
