@@ -17,13 +17,13 @@
 //   backward: layer l's kept tensors are copied into the slot once layer l+1 is done with it.
 // Rebuilt inputs (=selective, within --host-mem-gib): when the host holds every block input but
 // not every attention output, leaving inputs off the host makes room for more attention outputs
-// (2 D against 2 Hq d + 4 Hq bytes per token: about one for one in Llama). Layer l's input is layer l-1's
-// output, x_in + att Wo^T + MLP(...), so where layer l-1 keeps both its input and its attention
-// output, layer l's backward rebuilds its input from them: Wo and the MLP of layer l-1 once more,
-// where a layer without its attention output would rerun attention, about 100 times the work at 5M. The
-// plan leaves off the inputs of layers 1, 3, .., 2n-1, as few as keep the most attention outputs
-// (--rebuild-inputs bounds n; 0: none). The rebuild runs the forward's kernels on the forward's
-// inputs, so the step is the same bit for bit.
+// (2 D against 2 Hq d + 4 Hq bytes per token: about one for one in Llama). Layer l's input is
+// layer l-1's output, x_in + att Wo^T + MLP(...), so where layer l-1 keeps both its input and its
+// attention output, layer l's backward rebuilds its input from them: Wo and the MLP of layer l-1
+// once more, where a layer without its attention output reruns attention, about 100 times the
+// work at 5M. The plan leaves off the inputs of layers 1, 3, .., 2n-1, as few as keep the most
+// attention outputs (--rebuild-inputs bounds n; 0: none). The rebuild runs the forward's kernels
+// on the forward's inputs, so the step is the same bit for bit.
 // Ordering is by CUDA events between the compute stream and the copy stream only; nothing
 // synchronizes the device. Pinned memory is allocated once, since pinning is slow
 // (docs/reference.md), and reused by every step.
