@@ -11,8 +11,9 @@
 // never reruns the attention forward. At long context attention is most of a layer's compute
 // (forward 1 unit, backward 2.5 units), so skipping its rerun saves close to a fifth of the
 // step, for 2 Hq d + 4 Hq more bytes per token and layer. With --offload those bytes go to the
-// host, as many layers' as --host-mem-gib allows, then stay on the device for as many more as
-// the cap has room for (offload.cu); the other layers rerun attention.
+// host, as many layers' as --host-mem-gib allows (more where block inputs are rebuilt instead of
+// kept), then stay on the device for as many more as the cap has room for (offload.cu); the other
+// layers rerun attention.
 //
 // Memory per GPU, for T local tokens and L layers (bytes):
 //   kept per token and layer          plain                         --ckpt   --ckpt=selective

@@ -54,6 +54,9 @@
 //                                   backward (the reduce-scatter); fsdp_acquire / fsdp_release
 //                                   around each use of a unit's weights (both paths: the slots),
 //                                   in the order fsdp_step_begin lists, which fsdp_step_end checks
+//   offload.cu offload_before_layer_backward
+//                                   fsdp_wait_gathered: a rebuilt input reads layer l-1's
+//                                   weights, gathered ahead, during layer l's turn
 //   llama.cu model_init_weights, model_optimizer_step
 //                                   each GPU initializes and updates its own shard
 //                                   (fsdp_segments); the gradient norm sums over the shards
@@ -237,6 +240,13 @@ void fsdp_release(Model& m, int u, cudaStream_t s) {
     f.ws[k].free = true;
     m.unit_w[u] = nullptr;
     gather_ahead(m);
+}
+
+void fsdp_wait_gathered(Model& m, int u, cudaStream_t s) {
+    Fsdp& f = *m.fsdp;
+    int k = slot_of(f, u);  // gathered ahead, or out of the planned order
+    CUDA_CHECK(cudaStreamWaitEvent(s, f.ws[k].gathered, 0));
+    m.unit_w[u] = f.weight_slot[k];
 }
 
 void fsdp_grad_begin(Model& m, int u, cudaStream_t s) {

@@ -1178,6 +1178,9 @@ static void mlp_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s)
     linear_forward(at(a.x_out, t0, c.dim), a.act, m.w(P_W2, l), x_mid_rows(m, l, t0), t1 - t0, c.ffn_dim, c.dim, s);
 }
 
+// The rest of the block after attention, chunk by chunk: x_out from x_in and att.
+void block_output_forward(Model& m, int l, cudaStream_t s) { FOR_EACH_CHUNK(m, t0, t1) mlp_forward(m, l, t0, t1, s); }
+
 // On entry dres[t0:t1] is d loss / d x_out; on exit d loss / d x_mid, and datt[t0:t1] is filled.
 static void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
@@ -1208,7 +1211,7 @@ static void layer_forward(Model& m, int l, cudaStream_t s) {
     }
     offload_after_attention_forward(m, l, s);  // offload.cu: att, lse out; the input saved before the MLP overwrites it
     int mark = timeline_begin(m, s);
-    FOR_EACH_CHUNK(m, t0, t1) mlp_forward(m, l, t0, t1, s);
+    block_output_forward(m, l, s);
     timeline_end(m, mark, "compute", "mlp forward", l, s);
 }
 
@@ -1432,15 +1435,15 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
 // Each point is one progress event of the last step, timed on the GPU.
 std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena) {
     const int L = m.cfg.n_layers;
-    // The host holds the block inputs of every layer (and with --ckpt=selective the attention
-    // outputs and lse of the first att_host_layers): input l+1 is copied out right after layer
-    // l's forward, the attention output of layer l with it; the backward frees them from the last
-    // layer down.
+    // The host holds the block inputs of every layer but the rebuilt ones (and with
+    // --ckpt=selective the attention outputs and lse of the first att_host_layers): input l+1 is
+    // copied out right after layer l's forward, the attention output of layer l with it; the
+    // backward frees them from the last layer down.
     const int64_t T = m.shape.tokens();
     const int64_t host_x = m.plan.x_in == Hold::ON_HOST ? T * m.cfg.dim * 2 : 0;
     const int64_t host_att = m.plan.att == Hold::ON_HOST ? T * m.cfg.q_dim() * 2 + layer_lse_floats(m) * 4 : 0;
     auto host_at = [&](int inputs, int atts) {
-        return host_x * std::min(inputs, L) + host_att * std::min(atts, m.plan.att_host_layers);
+        return host_x * offload_host_inputs(m, std::min(inputs, L)) + host_att * std::min(atts, m.plan.att_host_layers);
     };
     std::vector<MemTracePoint> pts;
     auto add = [&](const char* point, int layer, int event, int held, int64_t host) {

@@ -276,6 +276,8 @@ struct StepOptions {
     double host_mem_gib = 240;       // --host-mem-gib: pinned host memory per GPU that --offload may plan
     double device_keep_gib = -1;     // --device-keep-gib: device memory =selective --offload may fill with
                                      // attention outputs the host cannot hold (-1: what the cap leaves)
+    int rebuild_inputs = -1;         // --rebuild-inputs: at most this many block inputs =selective --offload
+                                     // rebuilds instead of keeping, for more attention outputs (-1: any)
 };
 
 // How the step holds each kind of activation. The plain model keeps every activation of every
@@ -296,6 +298,8 @@ struct ActivationPlan {
                                         // last layer's stays in the slot, the others rerun attention,
     int att_device_layers = 0;          // except these last of them (before the last layer): they keep
                                         // theirs in their own device slots (offload.cu)
+    int x_rebuilt_layers = 0;           // x_in ON_HOST, =selective: layers 1, 3, .., 2n - 1 keep no block
+                                        // input; the backward rebuilds it from layer l-1's (offload.cu)
     Hold x_mid = Hold::PER_LAYER;       // the residual stream between attention and MLP
     Hold norms_mlp = Hold::PER_LAYER;   // xn1, xn2 (norm outputs, their rstd), h13, act (MLP)
     Hold dqkv = Hold::SHARED;           // d q|k|v of this GPU's tokens
@@ -464,6 +468,7 @@ void qkv_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);   // 
 void self_attention_forward(Model& m, int l, cudaStream_t s);  // att, lse from q, k, v: the whole sequence
 void attention_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // x_mid = x_in + att Wo^T
 void mlp_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // xn2, h13, act from x_mid
+void block_output_forward(Model& m, int l, cudaStream_t s);  // x_out from x_in and att: Wo, the MLP, every chunk
 
 // ---------------------------------------------------------------------------------------------
 // Communicator (comm.cu): all traffic between GPUs. Three implementations: NCCL (one process
@@ -517,6 +522,9 @@ void fsdp_step_begin(Model& m, cudaStream_t s);
 // Weights of unit u usable on the compute stream after acquire, until release.
 void fsdp_acquire(Model& m, int u, cudaStream_t s);
 void fsdp_release(Model& m, int u, cudaStream_t s);
+// Weights of unit u, already gathered ahead into its slot, usable on the compute stream before
+// its turn (offload.cu's rebuilt inputs read layer l-1's during layer l's); acquire still follows.
+void fsdp_wait_gathered(Model& m, int u, cudaStream_t s);
 // Gradients of unit u accumulate between grad_begin and grad_end; `last` marks the unit's last
 // contribution of the step (the tied embedding gets two: the LM head and the lookup).
 void fsdp_grad_begin(Model& m, int u, cudaStream_t s);
@@ -583,6 +591,10 @@ int64_t offload_host_bytes(const Model& m);
 int64_t offload_attention_bytes(const Model& m);
 // Layer l's own device slot for its kept attention output (att_device_layers), or -1: the staging slot.
 int offload_device_slot(const Model& m, int l);
+// =selective: whether layer l's block input stays off the host, rebuilt in the backward from
+// layer l-1's (x_rebuilt_layers); how many of layers 0 .. n-1 have theirs on the host.
+bool offload_input_rebuilt(const Model& m, int l);
+int offload_host_inputs(const Model& m, int n);
 void offload_create(Model& m);    // pinned buffers (once), copy stream, events
 void offload_destroy(Model& m);
 // The step's hooks; each does nothing without --offload.

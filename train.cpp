@@ -99,6 +99,9 @@ std::string usage_text() {
            "                       cap, and reruns attention for the rest\n"
            "  --device-keep-gib X  device memory that --ckpt=selective --offload may fill with attention outputs the\n"
            "                       host cannot hold (default: all the cap leaves, less 1 GiB; 0: none)\n"
+           "  --rebuild-inputs N   at most N block inputs that --ckpt=selective --offload leaves off the host, to keep\n"
+           "                       more attention outputs there: the backward rebuilds each from the layer below's input\n"
+           "                       and attention output (default: as many as keep more; 0: none)\n"
            "  --plan               print the memory plan per category and exit (no GPU needed)\n"
            "  --log FILE           write one JSON object per step (plus one for the setup) to FILE\n"
            "  --dump FILE          write the first step's loss and every gradient (whole, float32) to FILE\n"
@@ -199,6 +202,7 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--mem-cap-gib") o.mem_cap_gib = parse_double(arg, need(), 0.001, 1e6);
         else if (arg == "--host-mem-gib") o.step.host_mem_gib = parse_double(arg, need(), 0.0, 1e9);
         else if (arg == "--device-keep-gib") o.step.device_keep_gib = parse_double(arg, need(), 0.0, 1e6);
+        else if (arg == "--rebuild-inputs") o.step.rebuild_inputs = (int)parse_int(arg, need(), 0, 1 << 20);
         else if (arg == "--peak-tflops") o.peak_tflops = parse_double(arg, need(), 0.001, 1e6);
         else if (arg == "--log") o.log_path = need();
         else if (arg == "--timeline") o.timeline_path = need();
@@ -652,11 +656,15 @@ static void print_attention_plan(const Run& r) {
         return a > b ? std::string("none") : a == b ? std::to_string(a) : std::to_string(a) + "-" + std::to_string(b);
     };
     const std::string on_device = D > 0 ? layers(L - 1 - D, L - 2) + " on the device, " : "";
-    const int rerun = L - 1 - D - K;
+    const int rerun = L - 1 - D - K, n = p.x_rebuilt_layers;
+    const std::string rebuilt = n == 0   ? ""
+                                : n == 1 ? "; block input rebuilt for layer 1"
+                                : n == 2 ? "; block inputs rebuilt for layers 1 and 3"
+                                         : "; block inputs rebuilt for layers 1, 3, .., " + std::to_string(2 * n - 1);
     printf("selective checkpointing within --host-mem-gib %.4g: attention kept for %d of %d layers (%s on the host, "
-           "%s%d in its slot), rerun for %s%s\n",
+           "%s%d in its slot), rerun for %s%s%s\n",
            r.o.step.host_mem_gib, K + D + 1, L, layers(0, K - 1).c_str(), on_device.c_str(), L - 1,
-           rerun > 1 ? "layers " : rerun == 1 ? "layer " : "", layers(K, L - 2 - D).c_str());
+           rerun > 1 ? "layers " : rerun == 1 ? "layer " : "", layers(K, L - 2 - D).c_str(), rebuilt.c_str());
 }
 
 // =selective --offload: the layers whose attention output the host cannot hold keep it on the
@@ -678,6 +686,7 @@ static void keep_attention_layers_on_device(Run& r, int layers) {
     r.m.device_attention_layers = layers;  // offload_plan keeps at most those that would rerun
     r.arena = Arena();
     model_declare_buffers(r.m, r.arena);
+    r.host_bytes = offload_host_bytes(r.m);  // fewer inputs may be rebuilt now
 }
 
 // Pinned host memory beyond --host-mem-gib is an out-of-memory, reported before a GPU is touched.
@@ -952,12 +961,14 @@ static void open_log(Run& r) {
             "{\"type\": \"setup\", \"command\": \"%s\", \"gpu\": \"%s\", \"config\": \"%s\", \"layers\": %d, "
             "\"seq_len\": %lld, \"batch\": %d, \"world\": %d, \"simulated\": %s, \"local_tokens\": %lld, "
             "\"params\": %lld, \"attention\": \"%s\", \"plan_gib\": %s, \"runtime_gib\": %.4f, \"nccl_gib\": %.4f, "
-            "\"cap_gib\": %.3f, \"attention_kept_on_host\": %d, \"attention_kept_on_device\": %d}\n",
+            "\"cap_gib\": %.3f, \"attention_kept_on_host\": %d, \"attention_kept_on_device\": %d, "
+            "\"inputs_rebuilt\": %d}\n",
             json_escape(command_line(o)).c_str(), r.prop.name, r.cfg.name.c_str(), r.cfg.n_layers, (long long)o.seq_len,
             o.batch, r.world, r.simulated ? "true" : "false", (long long)r.m.shape.tokens(),
             (long long)count_params(r.cfg),
             !r.fast_attention ? "reference" : o.step.fused_attention ? "hopper-fused" : "hopper", memory.c_str(),
-            dm.runtime_bytes / GiB, r.nccl_gib, dm.cap_bytes / GiB, r.m.plan.att_host_layers, r.m.plan.att_device_layers);
+            dm.runtime_bytes / GiB, r.nccl_gib, dm.cap_bytes / GiB, r.m.plan.att_host_layers, r.m.plan.att_device_layers,
+            r.m.plan.x_rebuilt_layers);
     CUDA_CHECK(cudaDeviceSynchronize());
     fprintf(r.log, "{\"type\": \"allocated\", \"memory_gib\": %s, \"runtime_gib\": %.4f, \"driver_gib\": %.4f}\n",
             memory.c_str(), dm.runtime_bytes / GiB, dm.driver_used_bytes() / GiB);
@@ -1110,6 +1121,7 @@ static int run(const Options& o, const Launch& launch) {
     open_gpu(r);
     if (o.attention == "auto") choose_attention(r);
     keep_attention_on_device(r);
+    check_host_memory(r);  // the device's layers may leave fewer inputs to rebuild
     print_attention_plan(r);
     if (r.lead) print_gpu(r);
     if (int code = allocate_on_every_rank(r)) return code;

@@ -11,7 +11,11 @@ its output. The full-depth step is then
 and tokens/s per GPU = tokens on the GPU / that. The kept layer of the run is the last, whose
 attention output never leaves the device; a layer that keeps its output on the host fetches it
 before its backward, exposed, so each of those (the plan's "on the host") adds one such fetch at
-the rate the run's block-input fetches had.
+the rate the run's block-input fetches had. Where the plan rebuilds n block inputs instead of
+keeping them on the host (offload.cu), each costs one more Wo and MLP forward of a layer and one
+more attention output fetched; the two layers have no rebuilt input (a layer's input is rebuilt
+from the layer below's, never the last's), so each is estimated from the kept layer's "mlp
+forward" and that fetch, and added n times.
 
 Each layer's time is also taken apart from the marks inside it: the attention kernels, the
 all-to-alls (with their bytes), the MLP, and the rest (projections, norms, deltas, waits). Under
@@ -65,6 +69,8 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
     kept = int(m.group(1)) if m else 0  # without selective checkpointing every layer reruns
     m = re.search(r"\((\S+) on the host", plan)  # "0-25", "0" or "none"
     on_host = 0 if not m or m.group(1) == "none" else int(m.group(1).split("-")[-1]) + 1
+    m = re.search(r"block inputs? rebuilt for layers? (?:1, 3, \.\., |1 and )?(\d+)", plan)
+    rebuilt = (int(m.group(1)) + 1) // 2 if m else 0  # layers 1, 3, .., 2n - 1
     tokens = int(re.search(r", (\d+) on each GPU", plan).group(1))
     heads, head_dim = map(int, re.search(r"heads (\d+)/\d+ x (\d+)", plan).group(1, 2))
     gpus = int(re.search(r"^run: (\d+) GPU", plan, re.M).group(1))
@@ -91,7 +97,9 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
     fetch_s_per_byte = min((e["end_ms"] - e["start_ms"]) / 1000.0 / e["bytes"] for e in fetches) if fetches else 0.0
     att_fetch_s = (tokens * heads * head_dim * 2 + heads // gpus * seq * 4) * fetch_s_per_byte
     fixed = step - per_layer["rerun"] - per_layer["kept"]
-    outside = fixed + on_host * att_fetch_s  # what does not scale with the layers' kinds
+    # A rebuilt input: the layer below's Wo and MLP forward again, and its attention output fetched once more.
+    rebuild_s = parts["kept"]["forward"].get("mlp forward", 0.0) + att_fetch_s
+    outside = fixed + on_host * att_fetch_s + rebuilt * rebuild_s  # what does not scale with the layers' kinds
     count = {"kept": kept, "rerun": layers - kept}
     full = outside + sum(count[k] * per_layer[k] for k in kinds)
 
@@ -122,6 +130,7 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
                   for label, (f, b) in cases.items()}}
     out = {"name": name, "commit": commit, "command": run.get("command", ""), "layers": layers,
            "layers_keeping_attention": kept, "attention_on_host": on_host, "attention_fetch_s": att_fetch_s,
+           "inputs_rebuilt": rebuilt, "input_rebuild_s_estimate": rebuild_s,
            "tokens_per_gpu": tokens, "two_layer_step_s": step,
            "layer_s": parts, "outside_layers_s": fixed, "full_depth_step_s": full,
            "tokens_per_s_per_gpu": tokens / full, "bounds": bounds,
@@ -132,7 +141,8 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
                      "how many the full-depth plan has, plus, for each layer that keeps its attention "
                      "output on the host, one exposed fetch of it before its backward (attention_fetch_s, "
                      "at the run's block-input fetch rate), which the two layers do not see: their kept "
-                     "layer is the last, whose output stays on the device"}
+                     "layer is the last, whose output stays on the device. A rebuilt block input is "
+                     "estimated (input_rebuild_s_estimate): the kept layer's mlp forward plus one such fetch"}
     os.makedirs(out_dir, exist_ok=True)
     json.dump(out, open(os.path.join(out_dir, name + ".throughput.json"), "w"), indent=1)
     return out
@@ -160,7 +170,8 @@ def main():
         seq = name.rsplit("_", 1)[-1]
         L = r["layer_s"]
         per = {k: L[k]["forward"]["total"] + L[k]["backward"]["total"] for k in L}
-        print(f"| {name} | {r['layers_keeping_attention']} of {r['layers']} | {per['rerun']:.1f} / {per['kept']:.1f} | "
+        rebuilt = f" ({r['inputs_rebuilt']} inputs rebuilt, {r['input_rebuild_s_estimate']:.2f} s each)" if r["inputs_rebuilt"] else ""
+        print(f"| {name} | {r['layers_keeping_attention']} of {r['layers']}{rebuilt} | {per['rerun']:.1f} / {per['kept']:.1f} | "
               f"{r['outside_layers_s']:.1f} | {r['full_depth_step_s']:.0f} | **{r['tokens_per_s_per_gpu']:.1f}** | "
               f"{r['node_estimate']['tokens_per_s_per_gpu']:.1f} | "
               f"{PAPER.get(seq, '') if name.startswith('llama3.1-8b') else ''} |")

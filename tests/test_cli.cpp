@@ -461,6 +461,35 @@ TEST(Binary, SelectiveKeepsAttentionOnTheHostThenTheDevice) {
     EXPECT_TRUE(find_marks(marks, "att to device", 2).empty());   // never left the device
 }
 
+// A block input left off the host: layer 1's is rebuilt from layer 0's in its backward, which lets
+// the host keep layer 1's attention output too (the step stays bit for bit --ckpt's:
+// test_techniques).
+TEST(Binary, RebuiltInputLetsTheHostKeepOneMoreAttentionOutput) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    REQUIRE_GPU();
+    const std::string path = testing::TempDir() + "timeline_rebuilt.json";
+    const double MiB = 1.0 / 1024, input = 0.5, att = 2 + 1.0 / 32;  // GiB per MiB; MiB of a block input, of an attention output
+    char budgets[120];
+    snprintf(budgets, sizeof budgets, " --host-mem-gib %.6f --device-keep-gib 0 --rebuild-inputs 1", (3 * input + 2.1 * att) * MiB);
+    Result r = run_train("--config tiny-hd128 --layers 4 --seq-len 2048 --steps 1 --task random --ckpt=selective --offload" +
+                         std::string(budgets) + " --timeline " + path);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("attention kept for 3 of 4 layers (0-1 on the host, 3 in its slot), rerun for layer 2; "
+                            "block input rebuilt for layer 1\n"),
+              std::string::npos) << r.output;
+    const std::vector<TimelineMark> marks = read_timeline(path);
+    for (int l = 0; l < 4; l++) EXPECT_EQ(attention_reruns(marks, l), l == 2 ? 1 : 0) << "layer " << l;
+    EXPECT_EQ(find_marks(marks, "input rebuild", 1).size(), 1u);
+    for (int l : {0, 2, 3}) EXPECT_TRUE(find_marks(marks, "input rebuild", l).empty()) << "layer " << l;
+    EXPECT_TRUE(find_marks(marks, "x_in to host", 1).empty());     // never saved
+    EXPECT_EQ(find_marks(marks, "x_in to device", 0).size(), 2u);  // for layer 1's rebuild, then layer 0's backward
+    EXPECT_EQ(find_marks(marks, "att to device", 0).size(), 2u);
+    Result off = run_train("--config tiny-hd128 --layers 4 --seq-len 2048 --ckpt=selective --offload --plan" +
+                           std::string(budgets) + " --rebuild-inputs 0");
+    EXPECT_NE(off.output.find("attention kept for 2 of 4 layers (0 on the host, 3 in its slot), rerun for layers 1-2\n"),
+              std::string::npos) << off.output;
+}
+
 TEST(Binary, TrainsAndReportsOutOfMemory) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     REQUIRE_GPU();
@@ -565,30 +594,60 @@ TEST(Binary, HostMemoryBudget) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     expect_exit("--config tiny --seq-len 8K --offload --steps 1 --host-mem-gib 0.001", 3, "--host-mem-gib allows");
     const std::string flags = "--plan --sim-world 8 --stage 6 --ckpt=selective --config llama3.1-8b --seq-len 5M --mem-cap-gib 80";
-    Result host_only = run_train(flags + " --device-keep-gib 0");
+    // Every block input on the host (--rebuild-inputs 0): 160 GiB of them leave 80 for 15 layers' attention outputs.
+    const std::string all_inputs = flags + " --rebuild-inputs 0";
+    Result host_only = run_train(all_inputs + " --device-keep-gib 0");
     ASSERT_EQ(host_only.code, 0) << host_only.output;
-    EXPECT_NE(host_only.output.find("attention kept for 16 of 32 layers (0-14 on the host, 31 in its slot), rerun for layers 15-30"),
+    EXPECT_NE(host_only.output.find("attention kept for 16 of 32 layers (0-14 on the host, 31 in its slot), rerun for layers 15-30\n"),
               std::string::npos) << host_only.output;
     EXPECT_NE(host_only.output.find("host 240.00 GiB (--host-mem-gib): fits"), std::string::npos) << host_only.output;
     // The longest context: 7.5M tokens need exactly 240 GiB of block inputs; the device would hold more.
     EXPECT_NE(host_only.output.find("7864320 tokens (7.50M); host memory binds"), std::string::npos) << host_only.output;
 
     // The room under the cap: 80 GiB less the plan's total (the runtime estimate included) and the 1 GiB margin.
-    const double per_layer = 5.0 + 4.0 * 5 * (1 << 20) * 4 / (1 << 30);  // att, and lse of 4 heads, GiB
+    const double input = 5.0, per_layer = 5.0 + 4.0 * 5 * (1 << 20) * 4 / (1 << 30);  // att, and lse of 4 heads, GiB
     const double room = 80 - plan_total_gib(host_only.output) - 1.0;
     const int D = (int)(room / per_layer);
     ASSERT_GE(D, 1) << room;
-    Result r = run_train(flags);
+    Result r = run_train(all_inputs);
     ASSERT_EQ(r.code, 0) << r.output;
     const std::string kept = "attention kept for " + std::to_string(16 + D) + " of 32 layers (0-14 on the host, " +
                              std::to_string(31 - D) + "-30 on the device, 31 in its slot), rerun for layers 15-" +
-                             std::to_string(30 - D);
+                             std::to_string(30 - D) + "\n";
     EXPECT_NE(r.output.find(kept), std::string::npos) << kept << "\n" << r.output;
     EXPECT_NEAR(plan_total_gib(r.output) - plan_total_gib(host_only.output), D * per_layer, 0.01);
     EXPECT_NE(r.output.find("cap 80.00 GiB: fits"), std::string::npos) << r.output;
-    Result two = run_train(flags + " --device-keep-gib 10.2");  // two layers' worth
-    EXPECT_NE(two.output.find("(0-14 on the host, 29-30 on the device, 31 in its slot), rerun for layers 15-28"),
+    Result two = run_train(all_inputs + " --device-keep-gib 10.2");  // two layers' worth
+    EXPECT_NE(two.output.find("(0-14 on the host, 29-30 on the device, 31 in its slot), rerun for layers 15-28\n"),
               std::string::npos) << two.output;
+
+    // Rebuilt inputs (the default): each input left off the host makes room for one more attention
+    // output, as few as keep the most: with the device's D, every layer keeps its own.
+    int n = 0, K = 15;
+    while (K + D < 31) n++, K = (int)((240 - (32 - n) * input) / per_layer);
+    Result rebuilt = run_train(flags);
+    ASSERT_EQ(rebuilt.code, 0) << rebuilt.output;
+    const std::string all = "attention kept for 32 of 32 layers (0-" + std::to_string(K - 1) + " on the host, " +
+                            std::to_string(K) + "-30 on the device, 31 in its slot), rerun for none; block inputs "
+                            "rebuilt for layers 1, 3, .., " + std::to_string(2 * n - 1) + "\n";
+    EXPECT_NE(rebuilt.output.find(all), std::string::npos) << all << "\n" << rebuilt.output;
+    EXPECT_NEAR(plan_total_gib(rebuilt.output), plan_total_gib(r.output) + (31 - K - D) * per_layer, 0.01);
+    EXPECT_NE(rebuilt.output.find("host 240.00 GiB (--host-mem-gib): fits"), std::string::npos) << rebuilt.output;
+    // On the host alone, 15 inputs rebuilt (layers 1-29, each one's lower neighbour keeps both) hold 30 layers'.
+    Result alone = run_train(flags + " --device-keep-gib 0");
+    EXPECT_NE(alone.output.find("attention kept for 31 of 32 layers (0-29 on the host, 31 in its slot), rerun for "
+                                "layer 30; block inputs rebuilt for layers 1, 3, .., 29\n"),
+              std::string::npos) << alone.output;
+    // At 32K a rebuild (Wo and the MLP of a layer) costs more than the attention forward it saves,
+    // so by default none; asked for, two inputs off the host (0.25 GiB each) make room for one
+    // more attention output (0.254 GiB).
+    const std::string short_ctx = "--plan --config llama3.1-8b --seq-len 32K --ckpt=selective --offload --host-mem-gib 10.54";
+    Result by_default = run_train(short_ctx);
+    EXPECT_NE(by_default.output.find("attention kept for 11 of 32 layers (0-9 on the host, 31 in its slot), rerun for "
+                                     "layers 10-30\n"), std::string::npos) << by_default.output;
+    Result asked = run_train(short_ctx + " --rebuild-inputs 2");
+    EXPECT_NE(asked.output.find("attention kept for 12 of 32 layers (0-10 on the host, 31 in its slot), rerun for "
+                                "layers 11-30; block inputs rebuilt for layers 1 and 3\n"), std::string::npos) << asked.output;
 }
 
 TEST(Ladder, RefusesTheFlagsItSetsItself) {

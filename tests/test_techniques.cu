@@ -160,7 +160,7 @@ TEST_P(Techniques, SelectiveWithinHostBudgetIsCkptBitForBit) {
                 if (D <= room && D != device_counts.back()) device_counts.push_back(D);
             for (int D : device_counts) {
                 StepOptions o = full;
-                o.selective = true;
+                o.selective = true, o.rebuild_inputs = 0;  // every input on the host (the next test rebuilds some)
                 o.host_mem_gib = (inputs + (K + 0.5) * per_layer) / GiB;
                 Model plan;  // what the budget keeps
                 plan.cfg = cfg, plan.opt = o, plan.shape.batch = B, plan.shape.seq = S;
@@ -179,6 +179,63 @@ TEST_P(Techniques, SelectiveWithinHostBudgetIsCkptBitForBit) {
                 EXPECT_EQ(r.curve, ref.curve) << "K " << K << " D " << D;
             }
         }
+    }
+}
+
+// The same with n block inputs left off the host (layers 1, 3, .., 2n - 1), which frees the host
+// for n more attention outputs: layer l's backward first rebuilds its input from layer l-1's input
+// and attention output (Wo and the MLP of layer l-1 again, the forward's kernels on the forward's
+// inputs), so the step still equals --ckpt --offload bit for bit. Six layers: n = 1 and 2, with
+// the layers after the host's keeping theirs on the device (layer 3, rebuilt, among them when
+// K = 3, D = 2); Untied, and FSDP with chunks (the rebuild overwrites the input chunk by chunk).
+TEST_P(Techniques, RebuiltInputsAreCkptBitForBit) {
+    REQUIRE_GPU();
+    LlamaConfig cfg = config_by_name(GetParam());
+    cfg.n_layers = 6;
+    const int B = 2, L = cfg.n_layers;
+    const int64_t S = 150;
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
+    const double T = B * S;
+    const double input = T * cfg.dim * 2, per_layer = T * cfg.q_dim() * 2 + (double)B * cfg.n_heads * S * 4;
+    struct Base {
+        const char* name;
+        int untied;
+        bool fsdp_chunked;
+    };
+    for (const Base& base : {Base{"", 0, false}, Base{"untied=1", 1, false}, Base{"fsdp chunked", 0, true}}) {
+        StepOptions full;
+        full.ckpt = full.offload = true, full.untied = base.untied;
+        if (base.fsdp_chunked) full.fsdp = full.chunked = true, full.chunk_tokens = 48, full.loss_chunk_tokens = 40;
+        StepResult ref = run_variant(cfg, full, B, S, seed);
+        for (int n : {1, 2})
+            for (int K : {2 * n - 1, L - 2})
+                for (int D : {0, 1, 2}) {
+                    if (K + D > L - 1) continue;  // the device keeps only layers the host does not
+                    StepOptions o = full;
+                    o.selective = true, o.rebuild_inputs = n;
+                    // A tenth of a layer to spare: less than one rebuilt input frees (a quarter to
+                    // half of an attention output here), so each of the n rebuilt inputs keeps one more.
+                    o.host_mem_gib = ((L - n) * input + (K + 0.1) * per_layer) / GiB;
+                    Model plan;
+                    plan.cfg = cfg, plan.opt = o, plan.shape.batch = B, plan.shape.seq = S;
+                    plan.device_attention_layers = D;
+                    Arena dry;
+                    model_declare_buffers(plan, dry);
+                    ASSERT_EQ(plan.plan.x_rebuilt_layers, n) << "K " << K << " D " << D;
+                    ASSERT_EQ(plan.plan.att_host_layers, K);
+                    ASSERT_EQ(plan.plan.att_device_layers, D);
+                    for (int l = 0; l < L; l++)
+                        EXPECT_EQ(offload_input_rebuilt(plan, l), l % 2 == 1 && l < 2 * n) << "layer " << l;
+                    EXPECT_EQ(offload_host_bytes(plan), (int64_t)((L - n) * input) + (int64_t)(K * per_layer));
+                    StepResult r = run_variant(cfg, o, B, S, seed, D);
+                    printf("  %s: %d inputs rebuilt, attention kept on the host for %d and on the device for %d of %d "
+                           "layers: loss %.6f (--ckpt %.6f)\n", base.name, n, K, D, L, r.loss, ref.loss);
+                    EXPECT_EQ(r.loss, ref.loss) << base.name << " n " << n << " K " << K << " D " << D;
+                    EXPECT_TRUE(r.grads == ref.grads) << base.name << " n " << n << " K " << K << " D " << D
+                                                      << ": rel error " << rel_error(r.grads, ref.grads);
+                    EXPECT_EQ(r.curve, ref.curve) << base.name << " n " << n << " K " << K << " D " << D;
+                }
     }
 }
 
