@@ -1,21 +1,27 @@
 #!/usr/bin/env python3
-"""bench/throughput.py - full-depth tokens/s per GPU from bench/throughput.sh's two-layer runs.
+"""bench/throughput.py - full-depth tokens/s per GPU from bench/throughput.sh's few-layer runs.
 
-For each NAME it reads NAME.plan.txt (the full-depth plan: layers, and how many keep their
-attention output), NAME.jsonl (the two-layer step's time) and NAME.timeline.json (the step's
-marks, timeline.cu). Layer 0 of the run reran attention in its backward; layer 1, the last, kept
-its output. The full-depth step is then
+For each NAME it reads NAME.plan.txt (the full-depth plan), NAME.log (the short run's own plan),
+NAME.jsonl (its step time) and NAME.timeline.json (its marks, timeline.cu). Both plans say, in
+their "selective checkpointing" line, what each layer does with its attention output and block
+input (train.cpp), so every layer is of one kind:
 
-    (two-layer step - both layers) + kept x layer 1 + (layers - kept) x layer 0
+    host      its attention output kept on the host, fetched before its backward with its input
+    rebuilt   the same, but its block input rebuilt from the layer below's (offload.cu)
+    device    its attention output kept on the device (only its input is fetched)
+    slot      the last layer: its output stays in the staging slot (only its input is fetched)
+    rerun     its backward runs the attention forward again (plain --ckpt)
 
-and tokens/s per GPU = tokens on the GPU / that. The kept layer of the run is the last, whose
-attention output never leaves the device; a layer that keeps its output on the host fetches it
-before its backward, exposed, so each of those (the plan's "on the host") adds one such fetch at
-the rate the run's block-input fetches had. Where the plan rebuilds n block inputs instead of
-keeping them on the host (offload.cu), each costs one more Wo and MLP forward of a layer and one
-more attention output fetched; the two layers have no rebuilt input (a layer's input is rebuilt
-from the layer below's, never the last's), so each is estimated from the kept layer's "mlp
-forward" and that fetch, and added n times.
+throughput.sh picks the short run's layers and host budget so that it has one layer of each kind
+the full depth has. The full-depth step is then
+
+    (short step - its layers) + sum over kinds of (layers of that kind) x (the run's layer of it)
+
+and tokens/s per GPU = tokens on the GPU / that. A device layer is timed by the slot layer and the
+other way round (the same work). A kind the run lacks is estimated, and the output says so
+(estimated_kinds): a host layer as the slot layer plus one attention output fetched at the run's
+block-input fetch rate; a rebuilt layer as its base kind plus the kept layer's mlp forward and
+one such fetch. Runs older than the kinds (two layers: rerun, slot) go through the same path.
 
 Each layer's time is also taken apart from the marks inside it: the attention kernels, the
 all-to-alls (with their bytes), the MLP, and the rest (projections, norms, deltas, waits). Under
@@ -30,11 +36,14 @@ other rates (the issue's targets, 650 / 590 TFLOP/s, and the dense peak, 989), w
 budget and with every layer's attention output kept.
 
 Writes NAME.throughput.json beside the logs and prints three tables: tokens/s beside the Untied
-Ulysses paper's figures (Llama3-8B, 8 x H100), where a layer's time goes, and the bounds."""
+Ulysses paper's figures (Llama3-8B, 8 x H100), where a layer's time goes, and the bounds.
+
+python3 bench/throughput.py --run-shape PLAN prints the short run a full-depth plan asks for:
+its layer count, how many block inputs and attention outputs it keeps on the host."""
 import argparse, json, os, re
 
 PAPER = {"3M": "UPipe 166, Ulysses 162, FPDT 153", "4M": "UPipe 126, FPDT 120", "5M": "UPipe 98"}
-LEAVES = ["attention forward", "attention backward", "all-to-all", "mlp forward", "mlp backward"]
+LEAVES = ["attention forward", "attention backward", "all-to-all", "mlp forward", "mlp backward", "input rebuild"]
 
 
 def layer_parts(marks, direction, layer):
@@ -62,15 +71,53 @@ def layer_parts(marks, direction, layer):
     return parts
 
 
+KINDS = ["host", "rebuilt", "device", "slot", "rerun", "device+rebuilt", "rerun+rebuilt"]
+
+
+def layer_range(text):
+    """'none' -> [], '3' -> [3], '0-25' -> [0, .., 25]."""
+    if text == "none":
+        return []
+    a, _, b = text.partition("-")
+    return list(range(int(a), int(b or a) + 1))
+
+
+def layer_kinds(text):
+    """Each layer's kind, from a plan's or run log's text (train.cpp's print_attention_plan)."""
+    layers = int(re.search(r"^model \S+: (\d+) layers", text, re.M).group(1))
+    m = re.search(r"attention kept for \d+ of \d+ layers \((\S+) on the host, (?:(\S+) on the device, )?"
+                  r"\d+ in its slot\), rerun for (?:layers? )?([^;\s]+)(.*)", text)
+    if not m:  # no selective checkpointing: every layer reruns
+        return ["rerun"] * layers
+    kinds = ["slot"] * layers
+    for kind, group in (("host", 1), ("device", 2), ("rerun", 3)):
+        for l in layer_range(m.group(group) or "none"):
+            kinds[l] = kind
+    r = re.search(r"rebuilt for layers? (?:1, 3, \.\., |1 and )?(\d+)", m.group(4))
+    for l in range(1, int(r.group(1)) + 1, 2) if r else []:
+        kinds[l] = "rebuilt" if kinds[l] == "host" else kinds[l] + "+rebuilt"  # at most one, layer 2n - 1
+    return kinds
+
+
+def run_shape(full_kinds):
+    """The short run for a full-depth plan: one layer of each kind it has, in the plan's order
+    (host, rebuilt, rerun, slot; a device layer is timed by the slot layer), and what its host
+    budget must hold: the block inputs of every layer but the rebuilt, the attention outputs of
+    the host and rebuilt layers."""
+    need = [k for k in ("host", "rebuilt", "rerun") if k in full_kinds]
+    if "rebuilt" in need and "host" not in need:
+        need.insert(0, "host")  # layer 1's input is rebuilt from layer 0's: layer 0 keeps both
+    shape = need + ["slot"]
+    inputs = sum(k != "rebuilt" for k in shape)
+    outputs = sum(k in ("host", "rebuilt") for k in shape)
+    return shape, inputs, outputs
+
+
 def summarize(d, name, commit, nvlink_gbs, out_dir):
     plan = open(os.path.join(d, name + ".plan.txt")).read()
-    layers = int(re.search(r"^model \S+: (\d+) layers", plan, re.M).group(1))
-    m = re.search(r"attention kept for (\d+) of (\d+) layers", plan)
-    kept = int(m.group(1)) if m else 0  # without selective checkpointing every layer reruns
-    m = re.search(r"\((\S+) on the host", plan)  # "0-25", "0" or "none"
-    on_host = 0 if not m or m.group(1) == "none" else int(m.group(1).split("-")[-1]) + 1
-    m = re.search(r"block inputs? rebuilt for layers? (?:1, 3, \.\., |1 and )?(\d+)", plan)
-    rebuilt = (int(m.group(1)) + 1) // 2 if m else 0  # layers 1, 3, .., 2n - 1
+    full_kinds = layer_kinds(plan)
+    layers = len(full_kinds)
+    count = {k: full_kinds.count(k) for k in KINDS}
     tokens = int(re.search(r", (\d+) on each GPU", plan).group(1))
     heads, head_dim = map(int, re.search(r"heads (\d+)/\d+ x (\d+)", plan).group(1, 2))
     gpus = int(re.search(r"^run: (\d+) GPU", plan, re.M).group(1))
@@ -83,66 +130,107 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
     run = lines[0]
     step = steps[-1]["step_time_s"]
     marks = json.load(open(os.path.join(d, name + ".timeline.json")))
-    kinds = {"rerun": 0, "kept": 1}  # layer 0 reruns attention, layer 1 (the last) keeps it
-    parts = {k: {dr: layer_parts(marks, dr, l) for dr in ("forward", "backward")} for k, l in kinds.items()}
-    for k, reruns in (("rerun", True), ("kept", False)):  # the host budget made them so
-        if (parts[k]["backward"].get("attention forward", 0) > 0) != reruns:
-            raise ValueError(f"layer {kinds[k]} should {'' if reruns else 'not '}rerun attention in its backward")
-    per_layer = {k: p["forward"]["total"] + p["backward"]["total"] for k, p in parts.items()}
+    run_kinds = layer_kinds(open(os.path.join(d, name + ".log")).read())
 
-    def a2a(k, what):  # seconds (or bytes) of one kind of mark in a layer of kind k, both directions
-        return sum(parts[k][dr].get(what, 0) for dr in ("forward", "backward"))
-    # The fetch of an attention output from the host (and its lse), at the block inputs' fetch rate.
+    # The run's layers, by kind.
+    parts, run_layer = {}, {}
+    for l, k in enumerate(run_kinds):
+        if k in parts:
+            continue  # one of each kind is timed
+        parts[k] = {dr: layer_parts(marks, dr, l) for dr in ("forward", "backward")}
+        run_layer[k] = l
+        if (parts[k]["backward"].get("attention forward", 0) > 0) != k.startswith("rerun"):
+            raise ValueError(f"layer {l} ({k}) should {'' if k.startswith('rerun') else 'not '}rerun attention in its backward")
+    fixed = step - sum(layer_parts(marks, dr, l)["total"] for l in range(len(run_kinds)) for dr in ("forward", "backward"))
+
+    # The fetch of an attention output from the host (and its lse), at the block inputs' fetch rate:
+    # what a host layer adds to a slot layer, where the run has no host layer.
     fetches = [e for e in marks if e["stream"] == "copy" and e["what"] == "x_in to device"]
     fetch_s_per_byte = min((e["end_ms"] - e["start_ms"]) / 1000.0 / e["bytes"] for e in fetches) if fetches else 0.0
     att_fetch_s = (tokens * heads * head_dim * 2 + heads // gpus * seq * 4) * fetch_s_per_byte
-    fixed = step - per_layer["rerun"] - per_layer["kept"]
-    # A rebuilt input: the layer below's Wo and MLP forward again, and its attention output fetched once more.
-    rebuild_s = parts["kept"]["forward"].get("mlp forward", 0.0) + att_fetch_s
-    outside = fixed + on_host * att_fetch_s + rebuilt * rebuild_s  # what does not scale with the layers' kinds
-    count = {"kept": kept, "rerun": layers - kept}
-    full = outside + sum(count[k] * per_layer[k] for k in kinds)
+    extra = {k: 0.0 for k in KINDS}  # seconds added to the timed layer a kind is taken from
+    source = {}  # kind -> the run's kind it is timed by
+    estimated = []
+    for k in KINDS:
+        if count[k] == 0 and k not in parts:
+            continue
+        if k in parts:
+            source[k] = k
+        elif k in ("device", "slot") and ({"device", "slot"} & set(parts)):
+            source[k] = "slot" if "slot" in parts else "device"
+        elif k == "host" and ({"device", "slot"} & set(parts)):
+            source[k] = "slot" if "slot" in parts else "device"
+            extra[k] = att_fetch_s
+            estimated.append("host: the slot layer plus one attention output fetched")
+        elif k == "rebuilt" and ({"host", "device", "slot"} & set(parts)):
+            source[k] = "host" if "host" in parts else "slot" if "slot" in parts else "device"
+            kept_mlp = parts[source[k]]["forward"].get("mlp forward", 0.0)
+            extra[k] = (att_fetch_s if source[k] != "host" else 0.0) + kept_mlp + att_fetch_s
+            estimated.append("rebuilt: a kept layer plus its mlp forward and one attention output fetched")
+        elif k.endswith("+rebuilt") and k.split("+")[0] in source:
+            # Layer 2n - 1 when it does not keep its attention output on the host: its base kind
+            # plus the rebuild, as the run's rebuilt layer took it or estimated.
+            base = k.split("+")[0]
+            source[k] = source[base]
+            rebuild = parts["rebuilt"]["backward"].get("input rebuild", 0.0) if "rebuilt" in parts else \
+                parts[source[base]]["forward"].get("mlp forward", 0.0)
+            extra[k] = extra[base] + rebuild + 2 * att_fetch_s
+            estimated.append(f"{k}: the {base} layer plus a rebuild and two attention outputs fetched")
+        else:
+            raise ValueError(f"the run has no layer to time the plan's {count[k]} '{k}' layers by")
+    per_layer = {k: parts[s]["forward"]["total"] + parts[s]["backward"]["total"] + extra[k] for k, s in source.items()}
+    full = fixed + sum(count[k] * per_layer[k] for k in source)
 
+    def a2a(k, what):  # seconds (or bytes) of one kind of mark in a layer of kind k, both directions
+        return sum(parts[source[k]][dr].get(what, 0) for dr in ("forward", "backward"))
     # A node: the emulated all-to-alls (local copies) replaced by their bytes over NVLink. (On a
     # real node the marks time NVLink itself: nothing to replace.)
     node_extra = 0.0
     if simulated:
         node_extra = sum(count[k] * (a2a(k, "all-to-all bytes") / (nvlink_gbs * 1e9) - a2a(k, "all-to-all"))
-                         for k in kinds)
+                         for k in source)
     # What bounds it: the attention kernels at other rates, everything else as measured. One
     # layer's causal attention forward on this GPU is 2 S^2 d Hq/N FLOPs, its backward 2.5 times
-    # that; a layer that reruns attention computes the forward twice.
+    # that; a layer that reruns attention computes the forward twice. The rates are those of the
+    # run's layers that do not rerun.
     flops = 2.0 * seq * seq * head_dim * heads / gpus
-    kept_fwd = parts["kept"]["forward"]["attention forward"]
-    kept_bwd = parts["kept"]["backward"]["attention backward"]
-    rates = {"forward": flops / kept_fwd / 1e12, "backward": 2.5 * flops / kept_bwd / 1e12}
+    timed = [k for k in parts if not k.startswith("rerun")] or list(parts)
+    fwd_s = sum(parts[k]["forward"]["attention forward"] for k in timed)
+    bwd_s = sum(parts[k]["backward"]["attention backward"] for k in timed)
+    rates = {"forward": len(timed) * flops / fwd_s / 1e12, "backward": len(timed) * 2.5 * flops / bwd_s / 1e12}
 
-    def tokens_per_s(fwd_tflops, bwd_tflops, kept_layers):
-        att = {k: (flops / fwd_tflops + 2.5 * flops / bwd_tflops) / 1e12 for k in kinds}
-        att["rerun"] += flops / fwd_tflops / 1e12
-        rest = {k: per_layer[k] - (a2a(k, "attention forward") + a2a(k, "attention backward")) for k in kinds}
-        n = {"kept": kept_layers, "rerun": layers - kept_layers}
-        return tokens / (outside + sum(n[k] * (att[k] + rest[k]) for k in kinds))
+    def tokens_per_s(fwd_tflops, bwd_tflops, n):
+        total = fixed
+        for k, c in n.items():
+            att = (flops / fwd_tflops + 2.5 * flops / bwd_tflops) / 1e12 + (flops / fwd_tflops / 1e12 if k.startswith("rerun") else 0)
+            total += c * (per_layer[k] - (a2a(k, "attention forward") + a2a(k, "attention backward")) + att)
+        return tokens / total
+    plan_n = {k: count[k] for k in source if count[k]}
+    all_kept = dict(plan_n)
+    reruns = all_kept.pop("rerun", 0)
+    if reruns:  # the rerun layers as host layers (more host memory)
+        all_kept["host"] = all_kept.get("host", 0) + reruns
+    if all_kept.get("rerun+rebuilt") and "rebuilt" in per_layer:
+        all_kept["rebuilt"] = all_kept.get("rebuilt", 0) + all_kept.pop("rerun+rebuilt")
     cases = {"measured rates": (rates["forward"], rates["backward"]), "650/590": (650, 590), "peak 989/989": (989, 989)}
     bounds = {"measured_attention_tflops": rates,
               "tokens_per_s_per_gpu_if_attention_at": {
-                  label: {"host budget": tokens_per_s(f, b, kept), "every layer kept": tokens_per_s(f, b, layers)}
+                  label: {"host budget": tokens_per_s(f, b, plan_n),
+                          "every layer kept": tokens_per_s(f, b, all_kept) if "host" in per_layer else None}
                   for label, (f, b) in cases.items()}}
     out = {"name": name, "commit": commit, "command": run.get("command", ""), "layers": layers,
-           "layers_keeping_attention": kept, "attention_on_host": on_host, "attention_fetch_s": att_fetch_s,
-           "inputs_rebuilt": rebuilt, "input_rebuild_s_estimate": rebuild_s,
-           "tokens_per_gpu": tokens, "two_layer_step_s": step,
-           "layer_s": parts, "outside_layers_s": fixed, "full_depth_step_s": full,
+           "layers_by_kind": {k: count[k] for k in KINDS if count[k]},
+           "layers_keeping_attention": layers - count["rerun"], "attention_on_host": count["host"] + count["rebuilt"],
+           "inputs_rebuilt": count["rebuilt"], "run_layers": run_kinds, "run_step_s": step,
+           "layer_s": parts, "layer_total_s": per_layer, "timed_by": source, "estimated_kinds": estimated,
+           "attention_fetch_s": att_fetch_s, "outside_layers_s": fixed, "full_depth_step_s": full,
            "tokens_per_s_per_gpu": tokens / full, "bounds": bounds,
            "node_estimate": {"nvlink_all_to_all_gbs_per_gpu": nvlink_gbs if simulated else None,
                              "full_depth_step_s": full + node_extra, "tokens_per_s_per_gpu": tokens / (full + node_extra)},
-           "method": "two layers at the real length, one that reruns attention and one that keeps it; "
-                     "the full depth is the step outside the layers once plus each kind of layer times "
-                     "how many the full-depth plan has, plus, for each layer that keeps its attention "
-                     "output on the host, one exposed fetch of it before its backward (attention_fetch_s, "
-                     "at the run's block-input fetch rate), which the two layers do not see: their kept "
-                     "layer is the last, whose output stays on the device. A rebuilt block input is "
-                     "estimated (input_rebuild_s_estimate): the kept layer's mlp forward plus one such fetch"}
+           "method": "one step of a few layers at the real length, one layer of each kind the full-depth plan has "
+                     "(host, rebuilt, rerun, slot; device layers timed by the slot layer); the full depth is the "
+                     "step outside the layers once plus each kind of layer times how many the full-depth plan has. "
+                     "Kinds the run lacks are estimated and listed in estimated_kinds"}
     os.makedirs(out_dir, exist_ok=True)
     json.dump(out, open(os.path.join(out_dir, name + ".throughput.json"), "w"), indent=1)
     return out
@@ -150,14 +238,22 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", required=True)
+    ap.add_argument("--dir")
     ap.add_argument("--commit", default="")
     ap.add_argument("--nvlink-gbs", type=float, default=330.0, help="all-to-all GB/s per GPU on the node")
     ap.add_argument("--out", help="where NAME.throughput.json goes (default: --dir)")
-    ap.add_argument("names", nargs="+")
+    ap.add_argument("--run-shape", metavar="PLAN", help="print the short run for a full-depth plan: "
+                    "layers, block inputs and attention outputs on the host")
+    ap.add_argument("names", nargs="*")
     a = ap.parse_args()
+    if a.run_shape:
+        shape, inputs, outputs = run_shape(layer_kinds(open(a.run_shape).read()))
+        print(len(shape), inputs, outputs, ",".join(shape))
+        return
+    if not a.dir or not a.names:
+        ap.error("--dir and at least one NAME, or --run-shape PLAN")
     results = []
-    print("| run | layers without rerun | layer s, rerun / kept | outside the layers (s) | full-depth step (s) "
+    print("| run | layers by kind | one layer by kind (s) | outside the layers (s) | full-depth step (s) "
           "| tokens/s per GPU | on a node, NVLink all-to-alls | paper (tokens/s per GPU) |")
     print("|---|---|---|---|---|---|---|---|")
     for name in a.names:
@@ -168,26 +264,29 @@ def main():
             continue
         results.append(r)
         seq = name.rsplit("_", 1)[-1]
-        L = r["layer_s"]
-        per = {k: L[k]["forward"]["total"] + L[k]["backward"]["total"] for k in L}
-        rebuilt = f" ({r['inputs_rebuilt']} inputs rebuilt, {r['input_rebuild_s_estimate']:.2f} s each)" if r["inputs_rebuilt"] else ""
-        print(f"| {name} | {r['layers_keeping_attention']} of {r['layers']}{rebuilt} | {per['rerun']:.1f} / {per['kept']:.1f} | "
-              f"{r['outside_layers_s']:.1f} | {r['full_depth_step_s']:.0f} | **{r['tokens_per_s_per_gpu']:.1f}** | "
-              f"{r['node_estimate']['tokens_per_s_per_gpu']:.1f} | "
+        kinds = ", ".join(f"{n} {k}" for k, n in r["layers_by_kind"].items())
+        per = ", ".join(f"{k} {r['layer_total_s'][k]:.1f}" + ("*" if r["timed_by"][k] != k else "")
+                        for k in r["layers_by_kind"])
+        print(f"| {name} | {kinds} | {per} | {r['outside_layers_s']:.1f} | {r['full_depth_step_s']:.0f} | "
+              f"**{r['tokens_per_s_per_gpu']:.1f}** | {r['node_estimate']['tokens_per_s_per_gpu']:.1f} | "
               f"{PAPER.get(seq, '') if name.startswith('llama3.1-8b') else ''} |")
     print()
+    print("(* timed by another kind of layer: " + "; ".join(sorted({e for r in results for e in r["estimated_kinds"]}
+                                                                 | {"device: the slot layer"})) + ")")
+    print()
     print("| run, layer | direction | total s | attention kernels | all-to-alls (GiB sent; s emulated) "
-          "| MLP | other | offload copies busy | FSDP busy |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| MLP | input rebuild | other | offload copies busy | FSDP busy |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        for k in ("rerun", "kept"):
+        for k, p2 in r["layer_s"].items():
             for dr in ("forward", "backward"):
-                p = r["layer_s"][k][dr]
+                p = p2[dr]
                 att = p.get("attention forward", 0) + p.get("attention backward", 0)
                 mlp = p.get("mlp forward", 0) + p.get("mlp backward", 0)
-                print(f"| {r['name']}, {k} | {dr} | {p['total']:.2f} | {att:.2f} ({100 * att / p['total']:.1f}%) | "
+                print(f"| {r['name']}, {k} (layer {r['run_layers'].index(k)}) | {dr} | {p['total']:.2f} | "
+                      f"{att:.2f} ({100 * att / p['total']:.1f}%) | "
                       f"{p['all-to-all bytes'] / 2**30:.2f}; {p.get('all-to-all', 0):.3f} | {mlp:.2f} | "
-                      f"{p['other']:.2f} | {p.get('copy', 0):.2f} | {p.get('fsdp', 0):.3f} |")
+                      f"{p.get('input rebuild', 0):.2f} | {p['other']:.2f} | {p.get('copy', 0):.2f} | {p.get('fsdp', 0):.3f} |")
     print()
     print("| run | attention TFLOP/s in the step, forward / backward | tokens/s per GPU with attention at "
           "(forward / backward TFLOP/s): within the host budget; with every layer's attention kept |")
@@ -195,7 +294,7 @@ def main():
     for r in results:
         b = r["bounds"]
         rt = b["measured_attention_tflops"]
-        cases = "; ".join(f"{k}: {v['host budget']:.1f}, {v['every layer kept']:.1f}"
+        cases = "; ".join(f"{k}: {v['host budget']:.1f}, " + (f"{v['every layer kept']:.1f}" if v["every layer kept"] else "-")
                           for k, v in b["tokens_per_s_per_gpu_if_attention_at"].items())
         print(f"| {r['name']} | {rt['forward']:.0f} / {rt['backward']:.0f} | {cases} |")
 
