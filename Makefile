@@ -122,10 +122,11 @@ long: train
 	    --task random $(LONG_ARGS) --log $(LONG_OUT)/long_$(LONG_CONFIG)_$$seq.jsonl || exit 1; \
 	done
 
-# Tokens/s per GPU at full depth for long contexts: two layers of each model at each length, one
-# rerunning attention and one keeping its output, and the rest of the step, added up to the full
-# depth the plan gives; each layer taken apart from the --timeline, and the bounds (bench/
-# throughput.sh, bench/throughput.py). Output under THROUGHPUT_OUT.
+# Tokens/s per GPU at full depth for long contexts: a few layers of each model at each length, one
+# of each kind the full-depth plan has (attention output on the host, input rebuilt, attention
+# rerun, the last in its slot), and the rest of the step, added up to the full depth; each layer
+# taken apart from the --timeline, and the bounds (bench/throughput.sh, bench/throughput.py).
+# Output under THROUGHPUT_OUT.
 THROUGHPUT_CONFIGS ?= llama3.1-8b llama3.2-3b
 THROUGHPUT_SEQS ?= 3M 4M 5M
 THROUGHPUT_OUT ?= gpu_logs/throughput
