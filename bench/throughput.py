@@ -87,8 +87,8 @@ def layer_kinds(text):
     layers = int(re.search(r"^model \S+: (\d+) layers", text, re.M).group(1))
     m = re.search(r"attention kept for \d+ of \d+ layers \((\S+) on the host, (?:(\S+) on the device, )?"
                   r"\d+ in its slot\), rerun for (?:layers? )?([^;\s]+)(.*)", text)
-    if not m:  # no selective checkpointing: every layer reruns
-        return ["rerun"] * layers
+    if not m:  # without --offload, selective checkpointing keeps every output on the device; --ckpt reruns all
+        return ["device"] * (layers - 1) + ["slot"] if "--ckpt=selective" in text else ["rerun"] * layers
     kinds = ["slot"] * layers
     for kind, group in (("host", 1), ("device", 2), ("rerun", 3)):
         for l in layer_range(m.group(group) or "none"):
