@@ -12,8 +12,9 @@ input (train.cpp), so every layer is of one kind:
     slot      the last layer: its output stays in the staging slot (only its input is fetched)
     rerun     its backward runs the attention forward again (plain --ckpt)
 
-throughput.sh picks the short run's layers and host budget so that it has one layer of each kind
-the full depth has. The full-depth step is then
+throughput.sh picks the short run's layers, host budget and --rebuild-inputs so that it has one
+layer of each kind the full depth has (a rerun or device layer whose input is rebuilt, at most
+one, is timed as its kind plus a rebuild). The full-depth step is then
 
     (short step - its layers) + sum over kinds of (layers of that kind) x (the run's layer of it)
 
@@ -101,12 +102,13 @@ def layer_kinds(text):
 
 def run_shape(full_kinds):
     """The short run for a full-depth plan: one layer of each kind it has, in the plan's order
-    (host, rebuilt, rerun, slot; a device layer is timed by the slot layer), and what its host
-    budget must hold: the block inputs of every layer but the rebuilt, the attention outputs of
-    the host and rebuilt layers."""
-    need = [k for k in ("host", "rebuilt", "rerun") if k in full_kinds]
-    if "rebuilt" in need and "host" not in need:
-        need.insert(0, "host")  # layer 1's input is rebuilt from layer 0's: layer 0 keeps both
+    (host, rebuilt, rerun, slot; a device layer is timed by the slot layer, a rerun or device
+    layer whose input is rebuilt by its kind plus a rebuild), and what its host budget must hold:
+    the block inputs of every layer but the rebuilt, the attention outputs of the host and rebuilt
+    layers. (A rebuilt layer is layer 1 or later, and the layers before it are host layers, as in
+    the plan: its input is rebuilt from layer 0's.)"""
+    bases = {k.split("+")[0] for k in full_kinds}  # a "rerun+rebuilt" layer is timed by a rerun layer
+    need = [k for k in ("host", "rebuilt", "rerun") if k in bases]
     shape = need + ["slot"]
     inputs = sum(k != "rebuilt" for k in shape)
     outputs = sum(k in ("host", "rebuilt") for k in shape)
@@ -115,6 +117,9 @@ def run_shape(full_kinds):
 
 def summarize(d, name, commit, nvlink_gbs, out_dir):
     plan = open(os.path.join(d, name + ".plan.txt")).read()
+    refused = re.findall(r"^(host|cap) .*: OOM$", plan, re.M)
+    if refused:
+        raise ValueError(f"the full-depth plan does not fit ({', '.join(refused)} memory): no figure")
     full_kinds = layer_kinds(plan)
     layers = len(full_kinds)
     count = {k: full_kinds.count(k) for k in KINDS}
@@ -169,13 +174,14 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
             estimated.append("rebuilt: a kept layer plus its mlp forward and one attention output fetched")
         elif k.endswith("+rebuilt") and k.split("+")[0] in source:
             # Layer 2n - 1 when it does not keep its attention output on the host: its base kind
-            # plus the rebuild, as the run's rebuilt layer took it or estimated.
+            # plus the rebuild (as the run's rebuilt layer took it, or its MLP forward) and the
+            # layer below's attention output fetched (its input comes in place of this one's).
             base = k.split("+")[0]
             source[k] = source[base]
             rebuild = parts["rebuilt"]["backward"].get("input rebuild", 0.0) if "rebuilt" in parts else \
                 parts[source[base]]["forward"].get("mlp forward", 0.0)
-            extra[k] = extra[base] + rebuild + 2 * att_fetch_s
-            estimated.append(f"{k}: the {base} layer plus a rebuild and two attention outputs fetched")
+            extra[k] = extra[base] + rebuild + att_fetch_s
+            estimated.append(f"{k}: the {base} layer plus a rebuild and one attention output fetched")
         else:
             raise ValueError(f"the run has no layer to time the plan's {count[k]} '{k}' layers by")
     per_layer = {k: parts[s]["forward"]["total"] + parts[s]["backward"]["total"] + extra[k] for k, s in source.items()}
@@ -220,8 +226,9 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
                   for label, (f, b) in cases.items()}}
     out = {"name": name, "commit": commit, "command": run.get("command", ""), "layers": layers,
            "layers_by_kind": {k: count[k] for k in KINDS if count[k]},
-           "layers_keeping_attention": layers - count["rerun"], "attention_on_host": count["host"] + count["rebuilt"],
-           "inputs_rebuilt": count["rebuilt"], "run_layers": run_kinds, "run_step_s": step,
+           "layers_keeping_attention": layers - count["rerun"] - count["rerun+rebuilt"],
+           "attention_on_host": count["host"] + count["rebuilt"],
+           "inputs_rebuilt": sum(n for k, n in count.items() if "rebuilt" in k), "run_layers": run_kinds, "run_step_s": step,
            "layer_s": parts, "layer_total_s": per_layer, "timed_by": source, "estimated_kinds": estimated,
            "attention_fetch_s": att_fetch_s, "outside_layers_s": fixed, "full_depth_step_s": full,
            "tokens_per_s_per_gpu": tokens / full, "bounds": bounds,
@@ -243,7 +250,7 @@ def main():
     ap.add_argument("--nvlink-gbs", type=float, default=330.0, help="all-to-all GB/s per GPU on the node")
     ap.add_argument("--out", help="where NAME.throughput.json goes (default: --dir)")
     ap.add_argument("--run-shape", metavar="PLAN", help="print the short run for a full-depth plan: "
-                    "layers, block inputs and attention outputs on the host")
+                    "layers, block inputs and attention outputs on the host, the kinds (comma-separated)")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
     if a.run_shape:

@@ -10,7 +10,8 @@
 #      on the device, in the last layer's slot, or rerun) and which block inputs are rebuilt;
 #   2. one step of a few layers at the real length, one layer of each kind the full depth has
 #      (bench/throughput.py --run-shape: host, rebuilt, rerun, then the last, in its slot), with a
-#      host budget for just their block inputs and attention outputs (and --device-keep-gib 0):
+#      host budget for just their block inputs and attention outputs, --rebuild-inputs 1 only if
+#      the shape has a rebuilt layer, and --device-keep-gib 0:
 #      8B at 3M and 4M run 2 layers (host, slot), at 5M 3 (host, rebuilt, slot);
 #   3. bench/throughput.py adds them up: the step less its layers is what does not grow with depth
 #      (embedding, head and loss, optimizer); full depth = that + each kind of layer times how
@@ -28,18 +29,26 @@ for cfg in $CONFIGS; do for seq in $SEQS; do
   ./train $base --plan > "$L/$name.plan.txt" 2>&1
   read -r layers inputs outputs kinds <<< "$(python3 bench/throughput.py --run-shape "$L/$name.plan.txt")"
   [ -n "$kinds" ] || { echo "--- $name: no plan to run (see $L/$name.plan.txt)"; continue; }
+  if grep -qE '^(host|cap) .*: OOM$' "$L/$name.plan.txt"; then
+    echo "--- $name: the full-depth plan does not fit (see $L/$name.plan.txt): no run"; continue
+  fi
   # One block input and one attention output (with its lse) on the host, in GiB: two layers'
   # plans, without and with selective checkpointing (whose last layer keeps its output in its slot).
   two_inputs=$(./train --config $cfg --seq-len $seq $NODE_GPUS --stage 6 --layers 2 --plan | awk '/^  host/ {print $2}')
   with_output=$(./train $base --layers 2 --host-mem-gib 100000 --rebuild-inputs 0 --plan | awk '/^  host/ {print $2}')
   budget=$(python3 -c "i = ${two_inputs:-0} / 2; a = ${with_output:-0} - 2 * i; print($inputs * i + ($outputs + 0.05) * a)")
-  echo "--- $name: layers $kinds: ./train $base --layers $layers --steps 1 --host-mem-gib $budget --device-keep-gib 0"
+  # The budget and --rebuild-inputs give the run its kinds of layer together: with inputs rebuilt
+  # by default, a budget for one attention output could rebuild layer 1's where the shape has a
+  # rerun layer.
+  rebuild=0; case ",$kinds," in *,rebuilt,*) rebuild=1;; esac
+  run="--layers $layers --steps 1 --host-mem-gib $budget --rebuild-inputs $rebuild --device-keep-gib 0"
+  echo "--- $name: layers $kinds: ./train $base $run"
   # The GPUs' clocks and power every 10 s while it runs: the same kernel's speed differs between
   # GPUs at their power cap.
   nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
     -l 10 > "$L/$name.gpu.csv" 2>&1 &
   smi=$!
-  timeout ${RUN_TIMEOUT:-1800} ./train $base --layers $layers --steps 1 --host-mem-gib "$budget" --device-keep-gib 0 \
+  timeout ${RUN_TIMEOUT:-1800} ./train $base $run \
     --timeline "$L/$name.timeline.json" --log "$L/$name.jsonl" > "$L/$name.log" 2>&1
   echo "exit $?"; kill $smi 2>/dev/null; grep -E "^step|out of memory|error" "$L/$name.log" | tail -n 2
 done; done
