@@ -490,6 +490,41 @@ TEST(Binary, RebuiltInputLetsTheHostKeepOneMoreAttentionOutput) {
               std::string::npos) << off.output;
 }
 
+// make throughput (bench/throughput.sh, bench/throughput.py): the short run a full-depth plan asks
+// for, one layer of each kind, and the committed runs' figures recomputed from their logs (what
+// docs/results.md reports).
+TEST(Throughput, RunShapesAndCommittedFigures) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    if (run_command("python3 --version").code != 0) GTEST_SKIP() << "no python3";
+    const std::string flags = "--plan --sim-world 8 --stage 6 --ckpt=selective --config llama3.1-8b --mem-cap-gib 80";
+    auto shape = [&](const std::string& more) {
+        const std::string path = testing::TempDir() + "throughput.plan.txt";
+        Result plan = run_command("./train " + flags + " " + more + " > " + path);
+        EXPECT_EQ(plan.code, 0) << plan.output;
+        Result r = run_command("python3 bench/throughput.py --run-shape " + path);
+        EXPECT_EQ(r.code, 0) << r.output;
+        return r.output;
+    };
+    // 5M: 15 host, 11 rebuilt, 5 device, the slot: host, rebuilt, slot; 2 block inputs and 2 outputs on the host.
+    EXPECT_EQ(shape("--seq-len 5M"), "3 2 2 host,rebuilt,slot\n");
+    EXPECT_EQ(shape("--seq-len 3M"), "2 2 1 host,slot\n");
+    EXPECT_EQ(shape("--seq-len 5M --rebuild-inputs 0 --host-mem-gib 200"), "3 3 1 host,rerun,slot\n");
+    // A rerun layer whose input is rebuilt (layer 25 here) is timed as a rerun layer plus the rebuild.
+    EXPECT_EQ(shape("--seq-len 5M --host-mem-gib 225"), "4 3 2 host,rebuilt,rerun,slot\n");
+
+    const std::string out = testing::TempDir();
+    Result s15 = run_command("python3 bench/throughput.py --dir results/throughput/s15 --out " + out +
+                             " llama3.1-8b_3M llama3.1-8b_4M llama3.1-8b_5M");
+    ASSERT_EQ(s15.code, 0) << s15.output;
+    for (const char* f : {"| **202.2** |", "| **152.8** |", "| **121.5** |", "15 host, 11 rebuilt, 5 device, 1 slot"})
+        EXPECT_NE(s15.output.find(f), std::string::npos) << f << "\n" << s15.output;
+    Result s14 = run_command("python3 bench/throughput.py --dir results/throughput/s14 --out " + out +
+                             " llama3.1-8b_3M llama3.1-8b_4M llama3.1-8b_5M");
+    ASSERT_EQ(s14.code, 0) << s14.output;
+    for (const char* f : {"| **200.2** |", "| **150.2** |", "| **109.5** |", "15 host, 5 device, 1 slot, 11 rerun"})
+        EXPECT_NE(s14.output.find(f), std::string::npos) << f << "\n" << s14.output;
+}
+
 TEST(Binary, TrainsAndReportsOutOfMemory) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     REQUIRE_GPU();
