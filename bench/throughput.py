@@ -137,16 +137,14 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
     marks = json.load(open(os.path.join(d, name + ".timeline.json")))
     run_kinds = layer_kinds(open(os.path.join(d, name + ".log")).read())
 
-    # The run's layers, by kind.
-    parts, run_layer = {}, {}
+    # The run's layers, the first of each kind timing that kind; the rest of the step is fixed.
+    run_parts = [{dr: layer_parts(marks, dr, l) for dr in ("forward", "backward")} for l in range(len(run_kinds))]
+    parts = {}
     for l, k in enumerate(run_kinds):
-        if k in parts:
-            continue  # one of each kind is timed
-        parts[k] = {dr: layer_parts(marks, dr, l) for dr in ("forward", "backward")}
-        run_layer[k] = l
-        if (parts[k]["backward"].get("attention forward", 0) > 0) != k.startswith("rerun"):
+        parts.setdefault(k, run_parts[l])
+        if (run_parts[l]["backward"].get("attention forward", 0) > 0) != k.startswith("rerun"):
             raise ValueError(f"layer {l} ({k}) should {'' if k.startswith('rerun') else 'not '}rerun attention in its backward")
-    fixed = step - sum(layer_parts(marks, dr, l)["total"] for l in range(len(run_kinds)) for dr in ("forward", "backward"))
+    fixed = step - sum(p[dr]["total"] for p in run_parts for dr in ("forward", "backward"))
 
     # The fetch of an attention output from the host (and its lse), at the block inputs' fetch rate:
     # what a host layer adds to a slot layer, where the run has no host layer.
@@ -156,19 +154,20 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
     extra = {k: 0.0 for k in KINDS}  # seconds added to the timed layer a kind is taken from
     source = {}  # kind -> the run's kind it is timed by
     estimated = []
+    fetches_input_only = next((k for k in ("slot", "device") if k in parts), None)  # the same work
     for k in KINDS:
         if count[k] == 0 and k not in parts:
             continue
         if k in parts:
             source[k] = k
-        elif k in ("device", "slot") and ({"device", "slot"} & set(parts)):
-            source[k] = "slot" if "slot" in parts else "device"
-        elif k == "host" and ({"device", "slot"} & set(parts)):
-            source[k] = "slot" if "slot" in parts else "device"
+        elif k in ("device", "slot") and fetches_input_only:
+            source[k] = fetches_input_only
+        elif k == "host" and fetches_input_only:
+            source[k] = fetches_input_only
             extra[k] = att_fetch_s
             estimated.append("host: the slot layer plus one attention output fetched")
-        elif k == "rebuilt" and ({"host", "device", "slot"} & set(parts)):
-            source[k] = "host" if "host" in parts else "slot" if "slot" in parts else "device"
+        elif k == "rebuilt" and ("host" in parts or fetches_input_only):
+            source[k] = "host" if "host" in parts else fetches_input_only
             kept_mlp = parts[source[k]]["forward"].get("mlp forward", 0.0)
             extra[k] = (att_fetch_s if source[k] != "host" else 0.0) + kept_mlp + att_fetch_s
             estimated.append("rebuilt: a kept layer plus its mlp forward and one attention output fetched")
