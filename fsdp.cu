@@ -61,6 +61,8 @@
 //                                   each GPU initializes and updates its own shard
 //                                   (fsdp_segments); the gradient norm sums over the shards
 //   llama.cu model_allocate, model_free   fsdp_create / fsdp_destroy (events, slots zeroed)
+//   fill_slot                       under --sim-world, the other ranks' shards of a gathered unit
+//                                   are drawn from the seed (draw_other_shards)
 //   files.cu                        each GPU reads and writes only its shards
 //   train.cpp dump_first_step       --dump gathers every gradient whole (fsdp_full_gradients)
 // Without --fsdp the same calls run the replicated path: the slots are filled by conversion
@@ -152,7 +154,7 @@ void fsdp_create(Model& m) {
     for (int k = 0; k < 2; k++) {
         event(&f.ws[k].gathered), event(&f.ws[k].released);
         if (f.sharded) event(&f.gs[k].reduced);
-        // Zero once: under --sim-world a gather fills only rank 0's shard of a slot.
+        // Zero once, so that a slot never holds stale bytes (every gather writes all of it).
         CUDA_CHECK(cudaMemset(f.weight_slot[k], 0, f.max_padded * sizeof(bf16)));
     }
 }
@@ -193,6 +195,22 @@ void fsdp_step_begin(Model& m, cudaStream_t s) {
     comm_after_compute(m, s);  // the optimizer has written the master weights about to be converted
 }
 
+// --sim-world: the gather brought only this rank's shard. The other ranks' shards of slot k get
+// what a real gather would bring at the start of training, unit u's initial weights (drawn from
+// the seed), not zeros: on 7/8 zeros the GEMMs and attention kernels multiply zeros, the GPU
+// draws less power, clocks higher under its power limit, and the emulated step runs faster than
+// a real rank's (Llama 3.2 3B's attention at 1965 against 1695 MHz; docs/results.md).
+static void draw_other_shards(Model& m, int k, int u) {
+    Fsdp& f = *m.fsdp;
+    const ParamLayout& lay = m.layout;
+    const int64_t begin = lay.unit_begin[u], own_lo = begin + f.rank * f.shard[u], own_hi = own_lo + f.shard[u];
+    for (const ParamTensor& t : lay.tensors)
+        for (auto [lo, hi] : {std::pair<int64_t, int64_t>{begin, own_lo}, {own_hi, lay.unit_begin[u + 1]}}) {
+            const int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel());
+            if (a < b) init_param_values(m, t, a - t.offset, b - a, m.init_seed, nullptr, f.weight_slot[k] + (a - begin), m.comm_stream);
+        }
+}
+
 // Fill slot k with unit u's bf16 weights, on the communication stream: this GPU's fp32 master
 // (its shard, in the shard's place of the slot) converted, then under --fsdp gathered in place.
 static void fill_slot(Model& m, int k, int u) {
@@ -203,6 +221,7 @@ static void fill_slot(Model& m, int k, int u) {
     int mark = timeline_begin(m, m.comm_stream);
     m.comm_fsdp->all_gather(f.weight_slot[k], own, f.shard[u], DType::BF16, m.comm_stream);
     timeline_end(m, mark, "fsdp", "gather", u, m.comm_stream, f.shard[u] * (f.world - 1) * 2);
+    if (m.comm_fsdp->simulated) draw_other_shards(m, k, u);
 }
 
 // Start filling the next units of the order into free slots.

@@ -770,14 +770,16 @@ __device__ inline uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-// Value i depends only on (seed, i): the same weights whatever the launch shape.
-__global__ void init_normal_kernel(float* x, int64_t n, float stddev, uint64_t seed, int64_t index0) {
+// Value i depends only on (seed, i): the same weights whatever the launch shape. In bf16 it is
+// the fp32 value rounded, as convert_f32_to_bf16 rounds the fp32 master.
+template <typename T>
+__global__ void init_normal_kernel(T* x, int64_t n, float stddev, uint64_t seed, int64_t index0) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         uint64_t r = splitmix64(seed ^ splitmix64((uint64_t)(index0 + i)));
         float u1 = ((r >> 40) + 1) * (1.0f / 16777217.0f);  // (0, 1]
         float u2 = ((r >> 16) & 0xffffff) * (1.0f / 16777216.0f);
-        x[i] = stddev * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+        x[i] = (T)(stddev * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2));
     }
 }
 void init_normal(float* x, int64_t n, float stddev, uint64_t seed, cudaStream_t s, int64_t index0) {
@@ -793,6 +795,21 @@ __global__ void init_constant_kernel(float* x, int64_t n, float value) {
 void init_constant(float* x, int64_t n, float value, cudaStream_t s) {
     init_constant_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, value);
     CUDA_CHECK_LAUNCH();
+}
+
+// HF LlamaForCausalLM init: every linear and the embedding N(0, 0.02); RMSNorm gains 1. Values
+// [offset, offset + count) of tensor t, into f32 or (the other one null) bf16; each depends only
+// on (seed, tensor, index), so any part of the model can be drawn on its own.
+void init_param_values(const Model& m, const ParamTensor& t, int64_t offset, int64_t count, uint64_t seed,
+                       float* f32, bf16* b16, cudaStream_t s) {
+    const uint64_t tensor_seed = seed * 1000003ull + (uint64_t)(&t - m.layout.tensors.data());
+    if (f32 && t.rows == 1) init_constant(f32, count, 1.0f, s);
+    else if (f32) init_normal(f32, count, 0.02f, tensor_seed, s, offset);
+    else if (t.rows == 1) fill_bf16(b16, count, 1.0f, s);
+    else {
+        init_normal_kernel<<<grid_for(count, 256), 256, 0, s>>>(b16, count, 0.02f, tensor_seed, offset);
+        CUDA_CHECK_LAUNCH();
+    }
 }
 
 // =============================================================================================
@@ -1030,17 +1047,11 @@ void model_free(Model& m, DeviceMemory& dm) {
 }
 
 void model_init_weights(Model& m, uint64_t seed, cudaStream_t s) {
-    // HF LlamaForCausalLM init: every linear and the embedding N(0, 0.02); RMSNorm gains 1.
-    // Each value depends only on (seed, tensor, index): a shard holds exactly its part of the
-    // single-GPU model's weights.
+    // A shard holds exactly its part of the single-GPU model's weights (init_param_values).
+    m.init_seed = seed;
     CUDA_CHECK(cudaMemsetAsync(m.master, 0, m.local_params * sizeof(float), s));  // padding
-    for (const ParamSegment& seg : fsdp_segments(m)) {
-        const ParamTensor& t = *seg.tensor;
-        float* p = m.master + seg.local;
-        uint64_t tensor_seed = seed * 1000003ull + (uint64_t)(&t - m.layout.tensors.data());
-        if (t.rows == 1) init_constant(p, seg.count, 1.0f, s);
-        else init_normal(p, seg.count, 0.02f, tensor_seed, s, seg.tensor_offset);
-    }
+    for (const ParamSegment& seg : fsdp_segments(m))
+        init_param_values(m, *seg.tensor, seg.tensor_offset, seg.count, seed, m.master + seg.local, nullptr, s);
     CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.local_params * sizeof(float), s));
     CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.local_params * sizeof(float), s));
     CUDA_CHECK(cudaStreamSynchronize(s));

@@ -359,6 +359,8 @@ struct Model {
                                       // cannot hold keep attention on the device (train.cpp: the cap's room)
     cudaStream_t comm_stream = nullptr;
     int world = 1;                // GPUs of the run (simulated ones included)
+    uint64_t init_seed = 0;       // model_init_weights' seed: under --sim-world, fsdp.cu draws the
+                                  // other ranks' shards from it
     double comm_timeout_s = 600;  // a wait that sees no progress for this long ends the run
     // Watchdog: an event per layer and phase of the step; a wait resets its timeout whenever one
     // more has completed, so a long step is not a hung one. Host-pinned scalars: copies of them
@@ -434,6 +436,9 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
 void model_free(Model& m, DeviceMemory& dm);
 // Initialize weights (HF's scheme: N(0, 0.02), norm gains 1) from a seed; zero AdamW moments.
 void model_init_weights(Model& m, uint64_t seed, cudaStream_t s);
+// The initial values [offset, offset + count) of tensor t for a seed, into f32 or (f32 null) bf16.
+void init_param_values(const Model& m, const ParamTensor& t, int64_t offset, int64_t count, uint64_t seed,
+                       float* f32, bf16* b16, cudaStream_t s);
 // Upload this step's tokens and targets (host arrays of shape.tokens(), this GPU's part).
 // n_valid: targets != -1 over the whole step on all GPUs (the loss is their mean); -1: count here.
 void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s,

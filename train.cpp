@@ -1126,6 +1126,7 @@ static int run(const Options& o, const Launch& launch) {
     if (r.lead) print_gpu(r);
     if (int code = allocate_on_every_rank(r)) return code;
     if (!o.timeline_path.empty()) timeline_enable(r.m);
+    r.m.init_seed = o.seed;  // under --sim-world, also what the other ranks' shards are drawn from
     if (!o.init_from.empty()) load_hf_checkpoint(r.m, o.init_from, r.stream);
     else model_init_weights(r.m, o.seed, r.stream);
     open_log(r);

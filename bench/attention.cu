@@ -11,14 +11,16 @@
 // call of Untied Ulysses at --untied=1 on such a rank (1 / 1: what --stage 6 runs), head dim 128, bf16,
 // causal, one sequence. FLOPs as docs/reference.md counts them: forward 4 S^2 d H / 2, backward 2.5x
 // (the backward's time includes its delta = rowsum(dO * O) kernel; the fused backward's also
-// clearing and converting its fp32 dQ workspace). Times are CUDA-event medians
-// of `reps` runs after `warmup` (2) warm-up runs, on random N(0, 1) inputs, forward and backward
-// alternating as in training (bench/attention_vs_torch.py times PyTorch the same way).
+// clearing and converting its fp32 dQ workspace). Times are CUDA-event medians of `reps` runs
+// after `warmup` (2) warm-up runs, on random normal inputs (N(0, 1) unless --input-std), forward
+// and backward alternating as in training (bench/attention_vs_torch.py times PyTorch the same way).
 //   check        out, lse, dq, dk, dv of the fast kernels against the reference kernels' (relative
 //                L2 error over the whole tensors, computed on the device); a mismatch fails the run
 //   --reference  also time the reference kernels
 //   --no-check   skip the check (the reference backward takes minutes at 1M tokens)
 //   --separate   time all the forwards, then all the backwards (each after its own warm-up)
+//   --input-std Q,K,V,DO  the inputs' standard deviations (default 1,1,1,1): the GPU's power, and so
+//                its clock under the power limit, depends on the values it multiplies
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -57,6 +59,14 @@ static double rel_error(const T* a, const T* b, int64_t rows, int64_t cols, int6
     CUDA_CHECK(cudaMemcpy(h, d, 16, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(d));
     return std::sqrt(h[0] / (h[1] > 0 ? h[1] : 1));
+}
+
+// Scales the columns of a [rows][ld] fp32 matrix: [0, c1) by s0, [c1, c2) by s1, the rest by s2.
+__global__ void scale_columns_kernel(float* x, int64_t n, int64_t ld, int64_t c1, int64_t c2, float s0, float s1, float s2) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t c = i % ld;
+        x[i] *= c < c1 ? s0 : c < c2 ? s1 : s2;
+    }
 }
 
 struct Timing { float fwd_ms, bwd_ms; };
@@ -104,6 +114,7 @@ static int bench_main(int argc, char** argv) {
                            {"untied", "untied 1/1", 1, 1}};
     std::vector<Shape> shapes = {known[0], known[1]};
     bool time_reference = false, check = true, separate = false;
+    float input_std[4] = {1, 1, 1, 1};  // q, k, v, dO
     std::string json;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -134,8 +145,16 @@ static int bench_main(int argc, char** argv) {
             check = false;
         } else if (a == "--separate") {
             separate = true;
+        } else if (a == "--input-std" && i + 1 < argc) {
+            const std::vector<std::string> v = split_commas(argv[++i]);
+            bool ok = v.size() == 4;
+            for (int j = 0; ok && j < 4; j++) ok = (input_std[j] = strtof(v[j].c_str(), nullptr)) > 0;
+            if (!ok) {
+                fprintf(stderr, "bench_attention: --input-std takes four positive numbers Q,K,V,DO, got '%s'\n", argv[i]);
+                return 2;
+            }
         } else {
-            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8,untied] [--reference] [--no-check] [--separate] [--json FILE]\n");
+            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8,untied] [--reference] [--no-check] [--separate] [--input-std Q,K,V,DO] [--json FILE]\n");
             return 2;
         }
     }
@@ -163,11 +182,13 @@ static int bench_main(int argc, char** argv) {
             CUDA_CHECK(cudaMalloc(&dout, S * qd * 2));
             CUDA_CHECK(cudaMalloc(&lse, S * shp.hq * 4));
             CUDA_CHECK(cudaMalloc(&delta, S * shp.hq * 4));
-            float* scratch;  // random N(0, 1) inputs, drawn in fp32 and rounded to bf16
+            float* scratch;  // random normal inputs, drawn in fp32 and rounded to bf16
             CUDA_CHECK(cudaMalloc(&scratch, S * ld * 4));
             init_normal(scratch, S * ld, 1.0f, 1, 0);
+            scale_columns_kernel<<<1024, 256>>>(scratch, S * ld, ld, qd, qd + kd, input_std[0], input_std[1], input_std[2]);
+            CUDA_CHECK_LAUNCH();
             convert_f32_to_bf16(qkv, scratch, S * ld, 0);
-            init_normal(scratch, S * qd, 1.0f, 2, 0);
+            init_normal(scratch, S * qd, input_std[3], 2, 0);
             convert_f32_to_bf16(dout, scratch, S * qd, 0);
             CUDA_CHECK(cudaFree(scratch));
             AttentionShape sh{1, S, shp.hq, shp.hkv, d};

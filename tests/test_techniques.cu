@@ -239,6 +239,75 @@ TEST_P(Techniques, RebuiltInputsAreCkptBitForBit) {
     }
 }
 
+// --sim-world 8 under --fsdp: every unit the step gathers holds the whole model's weights, as a
+// real rank's gather brings them (rank 0's shard from its master, the others drawn from the
+// seed), bit for bit the single-GPU model's bf16 weights; not zeros outside rank 0's shard.
+TEST(SimWorld, GatheredUnitsHoldTheWholeModel) {
+    REQUIRE_GPU();
+    for (const char* name : {"tiny", "tiny-untied"}) {
+        const LlamaConfig cfg = config_by_name(name);
+        const uint64_t seed = 11;
+        cudaStream_t s;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        auto make = [&](Model& m, DeviceMemory& dm, int world) {
+            m.cfg = cfg;
+            m.opt.fsdp = world > 1;
+            m.world = world;
+            if (world > 1) m.comm = comm_fake(world), m.owns_comm = true;
+            m.shape.batch = 1, m.shape.seq = 64;
+            Arena arena;
+            model_declare_buffers(m, arena);
+            size_t free_b, total_b;
+            CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+            dm.cap_bytes = dm.total_bytes = (int64_t)total_b;
+            dm.runtime_bytes = (int64_t)(total_b - free_b);
+            model_allocate(m, arena, dm, "");
+            model_init_weights(m, seed, s);
+        };
+        Model one, sim;
+        DeviceMemory dm_one, dm_sim;
+        make(one, dm_one, 1);
+        make(sim, dm_sim, 8);
+        const ParamLayout& lay = one.layout;
+        bf16* whole;  // the single-GPU model's weights in bf16
+        CUDA_CHECK(cudaMalloc(&whole, lay.total * sizeof(bf16)));
+        convert_f32_to_bf16(whole, one.master, lay.total, s);
+        const std::vector<double> expected = download(whole, lay.total);
+        CUDA_CHECK(cudaFree(whole));
+        // The step's order of units (fsdp_step_begin): embedding, layers, final norm, head, layers.
+        std::vector<int> order;
+        const int k = lay.vocab_pieces(), L = cfg.n_layers;
+        for (int p = 0; p < k; p++) order.push_back(lay.embed_unit(p));
+        for (int l = 0; l < L; l++) order.push_back(lay.layer_unit(l));
+        order.push_back(lay.final_norm_unit());
+        for (int pass = 0; pass < (k > 1 ? 2 : 1); pass++)
+            for (int p = 0; p < k; p++) order.push_back(lay.head_unit(p));
+        for (int l = L - 1; l >= 0; l--) order.push_back(lay.layer_unit(l));
+        fsdp_step_begin(sim, s);
+        int64_t compared = 0, nonzero = 0;
+        for (int u : order) {
+            fsdp_acquire(sim, u, s);
+            CUDA_CHECK(cudaStreamSynchronize(s));
+            const std::vector<double> got = download(sim.unit_w[u], lay.unit_size(u));
+            for (const ParamTensor& t : lay.tensors) {  // the tensors' elements (not the alignment gaps)
+                const int64_t a = std::max(t.offset, lay.unit_begin[u]), b = std::min(t.offset + t.numel(), lay.unit_begin[u + 1]);
+                for (int64_t i = a; i < b; i++) {
+                    ASSERT_EQ(got[i - lay.unit_begin[u]], expected[i]) << name << " unit " << u << " element " << i;
+                    compared++, nonzero += expected[i] != 0;
+                }
+            }
+            fsdp_release(sim, u, s);
+        }
+        fsdp_step_end(sim, s);
+        EXPECT_GT(nonzero, compared * 9 / 10) << name;
+        printf("  %s: %lld weights of %zu gathered units bit for bit the single-GPU model's\n", name, (long long)compared, order.size());
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        model_free(sim, dm_sim);
+        model_free(one, dm_one);
+        CUDA_CHECK(cudaStreamDestroy(s));
+    }
+}
+
 // tiny-hd128: head dim 128, so on Hopper every technique runs attention_hopper.cu's kernels.
 INSTANTIATE_TEST_SUITE_P(Configs, Techniques, ::testing::Values("tiny", "tiny-untied", "tiny-hd128"),
                          [](const auto& info) {
