@@ -8,8 +8,10 @@
 //   LocalComm  --sim-world N: this process is rank 0 of an N-GPU run. Every buffer has the size
 //              it has there and every kernel runs as there; a collective is replaced by a local
 //              copy of rank 0's own part (an all-gather copies its shard into its slot, an
-//              all-to-all keeps its send buffer). So memory per category is that of one GPU of
-//              the N-GPU run and the step time is its compute; the loss is meaningless.
+//              all-to-all keeps its send buffer). FSDP then draws the other ranks' weight shards
+//              from the seed (fsdp.cu), so the kernels multiply the values a real rank's would.
+//              So memory per category is that of one GPU of the N-GPU run and the step time is
+//              its compute; the loss is meaningless.
 //              With N = 1 it is the single-GPU communicator: every collective is the identity.
 //
 // Memory: NCCL's own buffers are part of the runtime's share of the device. They are allocated

@@ -199,7 +199,7 @@ void fsdp_step_begin(Model& m, cudaStream_t s) {
 // what a real gather would bring at the start of training, unit u's initial weights (drawn from
 // the seed), not zeros: on 7/8 zeros the GEMMs and attention kernels multiply zeros, the GPU
 // draws less power, clocks higher under its power limit, and the emulated step runs faster than
-// a real rank's (Llama 3.2 3B's attention at 1965 against 1695 MHz; docs/results.md).
+// a real rank's (docs/results.md has the measurement).
 static void draw_other_shards(Model& m, int k, int u) {
     Fsdp& f = *m.fsdp;
     const ParamLayout& lay = m.layout;

@@ -523,6 +523,11 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     ASSERT_EQ(s14.code, 0) << s14.output;
     for (const char* f : {"| **200.2** |", "| **150.2** |", "| **109.5** |", "15 host, 5 device, 1 slot, 11 rerun"})
         EXPECT_NE(s14.output.find(f), std::string::npos) << f << "\n" << s14.output;
+    Result s16 = run_command("python3 bench/throughput.py --dir results/throughput/s16 --out " + out +
+                             " llama3.1-8b_3M llama3.2-3b_3M llama3.2-3b_4M llama3.2-3b_5M");
+    ASSERT_EQ(s16.code, 0) << s16.output;
+    for (const char* f : {"| **196.0** |", "| **309.2** |", "| **233.8** |", "| **186.9** |", "27 host, 1 slot"})
+        EXPECT_NE(s16.output.find(f), std::string::npos) << f << "\n" << s16.output;
 }
 
 TEST(Binary, TrainsAndReportsOutOfMemory) {
