@@ -481,6 +481,12 @@ FILE* open_output(const std::string& path, const char* flag) {
     return f;
 }
 
+// Wall-clock time (Unix seconds): a step record's end, so that other logs of the run (the GPU's
+// clocks sampled by nvidia-smi in make throughput) can be placed against the step's marks.
+static double unix_seconds() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 static std::string json_memory(const Arena& plan, int64_t host_bytes) {
     std::ostringstream os;
     os << "{";
@@ -1030,11 +1036,11 @@ static void report_step(const Run& r, const StepReport& s, const SyntheticData& 
     fprintf(r.log,
             "{\"type\": \"step\", \"step\": %d, \"loss\": %s, \"lr\": %.6g, \"grad_norm\": %s, "
             "\"step_time_s\": %.6f, \"tokens_per_s\": %.2f, \"tokens_per_s_per_gpu\": %.2f, \"tflops\": %.3f, "
-            "\"mfu\": %.5f, \"memory_gib\": %s, \"driver_gib\": %.4f, \"host_gib\": %.4f%s%s%s}\n",
+            "\"mfu\": %.5f, \"memory_gib\": %s, \"driver_gib\": %.4f, \"host_gib\": %.4f, \"end_unix_s\": %.3f%s%s%s}\n",
             s.step, json_number(s.loss, "%.9g").c_str(), s.lr, json_number(s.grad_norm, "%.6g").c_str(), s.seconds,
             r.step_tokens / s.seconds, T / s.seconds, tflops, peak > 0 ? tflops / peak : 0.0,
-            json_memory(a, r.host_bytes).c_str(), driver, host, data.file ? ", \"windows\": [" : "", windows.c_str(),
-            data.file ? "]" : "");
+            json_memory(a, r.host_bytes).c_str(), driver, host, unix_seconds(), data.file ? ", \"windows\": [" : "",
+            windows.c_str(), data.file ? "]" : "");
     fflush(r.log);
 }
 

@@ -36,12 +36,16 @@ layer, backward 2.5 times that), and the tokens/s the same step would reach with
 other rates (the issue's targets, 650 / 590 TFLOP/s, and the dense peak, 989), within the host
 budget and with every layer's attention output kept.
 
+The GPU's SM clock and power in the forward and the backward layers: medians of NAME.gpu.csv
+(nvidia-smi every 10 s), placed by the step record's end time and NAME.clockref (runs before
+these were logged have none).
+
 Writes NAME.throughput.json beside the logs and prints three tables: tokens/s beside the Untied
 Ulysses paper's figures (Llama3-8B, 8 x H100), where a layer's time goes, and the bounds.
 
 python3 bench/throughput.py --run-shape PLAN prints the short run a full-depth plan asks for:
 its layer count, how many block inputs and attention outputs it keeps on the host."""
-import argparse, json, os, re
+import argparse, datetime, json, os, re, statistics
 
 PAPER = {"3M": "UPipe 166, Ulysses 162, FPDT 153", "4M": "UPipe 126, FPDT 120", "5M": "UPipe 98"}
 LEAVES = ["attention forward", "attention backward", "all-to-all", "mlp forward", "mlp backward", "input rebuild"]
@@ -113,6 +117,41 @@ def run_shape(full_kinds):
     inputs = sum(k != "rebuilt" for k in shape)
     outputs = sum(k in ("host", "rebuilt") for k in shape)
     return shape, inputs, outputs
+
+
+def phase_clocks(d, name, marks, step_record):
+    """Median SM clock (MHz) and power (W) of the samples in NAME.gpu.csv that fall inside the
+    step's forward layers and inside its backward layers; None without the logs to place them."""
+    ref_path, csv_path = os.path.join(d, name + ".clockref"), os.path.join(d, name + ".gpu.csv")
+    if "end_unix_s" not in step_record or not os.path.exists(ref_path) or not os.path.exists(csv_path):
+        return None
+
+    def local_s(stamp):  # nvidia-smi's and date's local time, as seconds of a UTC clock
+        day, time = stamp.split()
+        t = datetime.datetime.strptime(day + " " + time[:15], "%Y/%m/%d %H:%M:%S.%f")
+        return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+    day, time, unix = open(ref_path).read().split()
+    offset = float(unix) - local_s(day + " " + time)  # local -> Unix seconds
+    samples = []
+    for line in open(csv_path).read().splitlines()[1:]:
+        f = [x.strip() for x in line.split(",")]
+        try:
+            samples.append((local_s(f[0]) + offset, float(f[2].split()[0]), float(f[3].split()[0])))
+        except (ValueError, IndexError):
+            continue
+    last_ms = max(e["end_ms"] for e in marks)  # the step's end, in the timeline's time
+
+    def unix(ms):
+        return step_record["end_unix_s"] - (last_ms - ms) / 1000.0
+    out = {}
+    for direction in ("forward", "backward"):
+        outer = [e for e in marks if e["stream"] == "compute" and e["what"] == direction]
+        t0, t1 = unix(min(e["start_ms"] for e in outer)), unix(max(e["end_ms"] for e in outer))
+        inside = [s for s in samples if t0 <= s[0] <= t1]
+        if inside:
+            out[direction] = {"samples": len(inside), "median_sm_mhz": statistics.median(s[1] for s in inside),
+                              "median_power_w": statistics.median(s[2] for s in inside)}
+    return out or None
 
 
 def summarize(d, name, commit, nvlink_gbs, out_dir):
@@ -231,6 +270,7 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
            "layer_s": parts, "layer_total_s": per_layer, "timed_by": source, "estimated_kinds": estimated,
            "attention_fetch_s": att_fetch_s, "outside_layers_s": fixed, "full_depth_step_s": full,
            "tokens_per_s_per_gpu": tokens / full, "bounds": bounds,
+           "gpu_clock": phase_clocks(d, name, marks, steps[-1]),
            "node_estimate": {"nvlink_all_to_all_gbs_per_gpu": nvlink_gbs if simulated else None,
                              "full_depth_step_s": full + node_extra, "tokens_per_s_per_gpu": tokens / (full + node_extra)},
            "method": "one step of a few layers at the real length, one layer of each kind the full-depth plan has "
@@ -294,15 +334,19 @@ def main():
                       f"{p['all-to-all bytes'] / 2**30:.2f}; {p.get('all-to-all', 0):.3f} | {mlp:.2f} | "
                       f"{p.get('input rebuild', 0):.2f} | {p['other']:.2f} | {p.get('copy', 0):.2f} | {p.get('fsdp', 0):.3f} |")
     print()
-    print("| run | attention TFLOP/s in the step, forward / backward | tokens/s per GPU with attention at "
-          "(forward / backward TFLOP/s): within the host budget; with every layer's attention kept |")
-    print("|---|---|---|")
+    print("| run | attention TFLOP/s in the step, forward / backward | SM clock (MHz) and power (W), forward / backward "
+          "| tokens/s per GPU with attention at (forward / backward TFLOP/s): within the host budget; with every "
+          "layer's attention kept |")
+    print("|---|---|---|---|")
     for r in results:
         b = r["bounds"]
         rt = b["measured_attention_tflops"]
         cases = "; ".join(f"{k}: {v['host budget']:.1f}, " + (f"{v['every layer kept']:.1f}" if v["every layer kept"] else "-")
                           for k, v in b["tokens_per_s_per_gpu_if_attention_at"].items())
-        print(f"| {r['name']} | {rt['forward']:.0f} / {rt['backward']:.0f} | {cases} |")
+        c = r["gpu_clock"] or {}
+        clock = " / ".join(f"{c[p]['median_sm_mhz']:.0f} MHz, {c[p]['median_power_w']:.0f} W" if p in c else "-"
+                           for p in ("forward", "backward")) if c else "not logged"
+        print(f"| {r['name']} | {rt['forward']:.0f} / {rt['backward']:.0f} | {clock} | {cases} |")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ for cfg in $CONFIGS; do for seq in $SEQS; do
   run="--layers $layers --steps 1 --host-mem-gib $budget --rebuild-inputs $rebuild --device-keep-gib 0"
   echo "--- $name: layers $kinds: ./train $base $run"
   # The GPUs' clocks and power every 10 s while it runs: the same kernel's speed differs between
-  # GPUs at their power cap.
+  # GPUs at their power cap. nvidia-smi stamps local time; NAME.clockref pairs it with Unix time,
+  # the step record's end_unix_s, so throughput.py can place the samples in the step's phases.
+  date '+%Y/%m/%d %H:%M:%S.%N %s.%N' > "$L/$name.clockref"
   nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv \
     -l 10 > "$L/$name.gpu.csv" 2>&1 &
   smi=$!

@@ -528,6 +528,18 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     ASSERT_EQ(s16.code, 0) << s16.output;
     for (const char* f : {"| **196.0** |", "| **309.2** |", "| **233.8** |", "| **186.9** |", "27 host, 1 slot"})
         EXPECT_NE(s16.output.find(f), std::string::npos) << f << "\n" << s16.output;
+    EXPECT_NE(s16.output.find("| not logged |"), std::string::npos) << s16.output;  // no clockref then
+    // The GPU's clocks by phase: 3B at 5M, its step ended at 05:46:12 of the device's clock (Unix
+    // 1312 against a reference pairing 05:41:00 with 1000). The forward layers then ran from 05:41:59
+    // to 05:43:04, six samples (1560-1605 MHz), and the backward to the end, 19 (1635-1710).
+    const std::string fx = out + "clocks/";
+    Result made = run_command("mkdir -p " + fx + " && cp results/throughput/s16/llama3.2-3b_5M.* " + fx +
+                              " && echo '2026/12/01 05:41:00.000000000 1000.0' > " + fx + "llama3.2-3b_5M.clockref" +
+                              " && sed -i 's/}$/, \"end_unix_s\": 1312.0}/' " + fx + "llama3.2-3b_5M.jsonl");
+    ASSERT_EQ(made.code, 0) << made.output;
+    Result clocks = run_command("python3 bench/throughput.py --dir " + fx + " llama3.2-3b_5M");
+    ASSERT_EQ(clocks.code, 0) << clocks.output;
+    EXPECT_NE(clocks.output.find("| 1598 MHz, 690 W / 1695 MHz, 691 W |"), std::string::npos) << clocks.output;
 }
 
 TEST(Binary, TrainsAndReportsOutOfMemory) {
