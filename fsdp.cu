@@ -154,7 +154,8 @@ void fsdp_create(Model& m) {
     for (int k = 0; k < 2; k++) {
         event(&f.ws[k].gathered), event(&f.ws[k].released);
         if (f.sharded) event(&f.gs[k].reduced);
-        // Zero once, so that a slot never holds stale bytes (every gather writes all of it).
+        // Zero once: the gaps between tensors are never read, but no byte of a slot is left
+        // uninitialized (a gather under --sim-world writes only the tensors' elements).
         CUDA_CHECK(cudaMemset(f.weight_slot[k], 0, f.max_padded * sizeof(bf16)));
     }
 }
@@ -203,9 +204,10 @@ void fsdp_step_begin(Model& m, cudaStream_t s) {
 static void draw_other_shards(Model& m, int k, int u) {
     Fsdp& f = *m.fsdp;
     const ParamLayout& lay = m.layout;
-    const int64_t begin = lay.unit_begin[u], own_lo = begin + f.rank * f.shard[u], own_hi = own_lo + f.shard[u];
+    const int64_t begin = lay.unit_begin[u], end = lay.unit_begin[u + 1];  // the shards' padding is no tensor's
+    const int64_t own_lo = std::min(begin + f.rank * f.shard[u], end), own_hi = std::min(own_lo + f.shard[u], end);
     for (const ParamTensor& t : lay.tensors)
-        for (auto [lo, hi] : {std::pair<int64_t, int64_t>{begin, own_lo}, {own_hi, lay.unit_begin[u + 1]}}) {
+        for (auto [lo, hi] : {std::pair<int64_t, int64_t>{begin, own_lo}, {own_hi, end}}) {
             const int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel());
             if (a < b) init_param_values(m, t, a - t.offset, b - a, m.init_seed, nullptr, f.weight_slot[k] + (a - begin), m.comm_stream);
         }

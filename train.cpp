@@ -255,6 +255,9 @@ Options parse_options(int argc, char** argv) {
     if ((o.measure_layers || o.confirm_longest) && !o.ladder)
         usage_error("--measure-layers and --confirm-longest go with --ladder");
     if (o.nproc > 1 && o.sim_world > 1) usage_error("--nproc and --sim-world exclude each other");
+    if (o.sim_world > 1 && (!o.save_to.empty() || !o.dump_path.empty()))
+        usage_error("--sim-world runs rank 0's share alone: the other ranks' weights and gradients do not exist, "
+                    "so --save-to and --dump have nothing whole to write");
     if (o.step.offload || o.step.untied) o.step.ckpt = true;  // both work on what checkpointing keeps
     if (o.save_dtype != "bf16" && o.save_dtype != "fp32") usage_error("--save-dtype must be bf16 or fp32");
     if ((o.resume || o.state_every) && o.state_dir.empty())

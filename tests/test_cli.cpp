@@ -85,7 +85,8 @@ TEST(Flags, BadValuesAreUsageErrors) {
     std::vector<std::vector<std::string>> bad = {
         {"--frobnicate"}, {"--steps", "-1"}, {"--steps", "ten"}, {"--task", "sort"}, {"--lr", "abc"},
         {"--lr", "nan"}, {"--seq-len"}, {"--batch", "0"}, {"--layers", "0"}, {"--mem-cap-gib", "-3"},
-        {"--plan=yes"}, {"--task", "copy", "--seq-len", "3"}, {"--task-vocab", "1"}, {"--attention", "fastest"}};
+        {"--plan=yes"}, {"--task", "copy", "--seq-len", "3"}, {"--task-vocab", "1"}, {"--attention", "fastest"},
+        {"--sim-world", "8", "--save-to", "/tmp/x"}, {"--sim-world", "2", "--dump", "/tmp/x.bin"}};
     for (auto& args : bad) {
         std::string joined;
         for (auto& a : args) joined += a + " ";
