@@ -222,8 +222,8 @@ static void fill_slot(Model& m, int k, int u) {
     if (!f.sharded) return;
     int mark = timeline_begin(m, m.comm_stream);
     m.comm_fsdp->all_gather(f.weight_slot[k], own, f.shard[u], DType::BF16, m.comm_stream);
+    if (m.comm_fsdp->simulated) draw_other_shards(m, k, u);  // in the gather's place on the timeline
     timeline_end(m, mark, "fsdp", "gather", u, m.comm_stream, f.shard[u] * (f.world - 1) * 2);
-    if (m.comm_fsdp->simulated) draw_other_shards(m, k, u);
 }
 
 // Start filling the next units of the order into free slots.
