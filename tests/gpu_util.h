@@ -76,3 +76,14 @@ inline std::vector<double> columns(const std::vector<double>& m, int64_t rows, i
 // The tolerances of docs/design.md against float64: fp32 results under 1e-5, bf16 results under 1e-2.
 constexpr double TOL_FP32 = 1e-5;
 constexpr double TOL_BF16 = 1e-2;
+
+// Plan and allocate a model's buffers with the whole GPU as its cap (the tests' models).
+inline void allocate_on_whole_gpu(Model& m, DeviceMemory& dm) {
+    Arena arena;
+    model_declare_buffers(m, arena);
+    size_t free_b, total_b;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    dm.cap_bytes = dm.total_bytes = (int64_t)total_b;
+    dm.runtime_bytes = (int64_t)(total_b - free_b);
+    model_allocate(m, arena, dm, "");
+}

@@ -13,18 +13,12 @@ namespace {
 // A model on the device with the plan allocated, as train.cpp sets it up.
 struct GpuModel {
     Model m;
-    Arena arena;
     DeviceMemory dm;
     GpuModel(const LlamaConfig& cfg, int batch, int64_t seq) {
         m.cfg = cfg;
         m.shape.batch = batch;
         m.shape.seq = seq;
-        model_declare_buffers(m, arena);
-        size_t free_b, total_b;
-        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-        dm.cap_bytes = dm.total_bytes = (int64_t)total_b;
-        dm.runtime_bytes = (int64_t)(total_b - free_b);
-        model_allocate(m, arena, dm, "");
+        allocate_on_whole_gpu(m, dm);
     }
     ~GpuModel() { model_free(m, dm); }
     // Random parameters: matrices N(0, std), norm gains 1 + N(0, 0.1). bf16-exact, so the

@@ -28,14 +28,8 @@ StepResult run_variant(const LlamaConfig& cfg, const StepOptions& opt, int B, in
     m.device_attention_layers = device_attention_layers;
     m.shape.batch = B;
     m.shape.seq = S;
-    Arena arena;
-    model_declare_buffers(m, arena);
     DeviceMemory dm;
-    size_t free_b, total_b;
-    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    dm.cap_bytes = dm.total_bytes = (int64_t)total_b;
-    dm.runtime_bytes = (int64_t)(total_b - free_b);
-    model_allocate(m, arena, dm, "");
+    allocate_on_whole_gpu(m, dm);
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));  // like train.cpp
     model_init_weights(m, seed, s);
@@ -256,13 +250,7 @@ TEST(SimWorld, GatheredUnitsHoldTheWholeModel) {
             m.world = world;
             if (world > 1) m.comm = comm_fake(world), m.owns_comm = true;
             m.shape.batch = 1, m.shape.seq = 64;
-            Arena arena;
-            model_declare_buffers(m, arena);
-            size_t free_b, total_b;
-            CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-            dm.cap_bytes = dm.total_bytes = (int64_t)total_b;
-            dm.runtime_bytes = (int64_t)(total_b - free_b);
-            model_allocate(m, arena, dm, "");
+            allocate_on_whole_gpu(m, dm);
             model_init_weights(m, seed, s);
         };
         Model one, sim;
