@@ -234,6 +234,15 @@ __device__ inline void st_shared_v2(uint32_t addr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 
+// Four 8 x 8 bf16 matrices to shared memory (stmatrix): register i of every lane holds row
+// lane / 4, columns 2 (lane % 4), +1 of matrix i, and lane l gives the address of row l % 8 of
+// matrix l / 8 (16 bytes).
+__device__ inline void stmatrix_x4(uint32_t addr, const uint32_t* r) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+                 "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
 // Named barriers (0 is __syncthreads): `count` threads of the consumer warpgroups meet.
 __device__ inline void named_barrier(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 // Arrive at a named barrier without waiting for it (the threads that sync on it wait).
@@ -861,14 +870,13 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int kc = 0; kc < 4; kc++) to_a(pa + 4 * kc, st, kc), to_a(dsa + 4 * kc, dpt, kc);
 
         if (FUSED_DQ) {  // this consumer's rows of dS^T into the shared tile (128-byte swizzle)
-            unsigned char* tile = smem_raw + (dst_tile - smem_u32(smem_raw));
+            // dsa[4 kc + i] is the 8 x 8 matrix of rows 16 warp + 8 (i & 1), columns 16 kc + 8 (i / 2):
+            // lane l addresses row l % 8 of matrix l / 8, a 16-byte chunk of its row.
+            const int lane = threadIdx.x % 32, m = lane / 8;
+            const int row = c * 64 + ln.warp * 16 + 8 * (m & 1) + lane % 8;
 #pragma unroll
             for (int kc = 0; kc < 4; kc++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {  // a[i]: row g + 8 (i & 1), columns 16 kc + 8 (i / 2) + 2t
-                    const int row = c * 64 + ln.row(i & 1), chunk = 2 * kc + i / 2;
-                    *(uint32_t*)(tile + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * ln.t) = dsa[4 * kc + i];
-                }
+                stmatrix_x4(dst_tile + row * 128 + (((2 * kc + m / 2) ^ (row & 7)) << 4), dsa + 4 * kc);
             fence_proxy_async();
         }
 
