@@ -530,6 +530,16 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     for (const char* f : {"| **196.0** |", "| **309.2** |", "| **233.8** |", "| **186.9** |", "27 host, 1 slot"})
         EXPECT_NE(s16.output.find(f), std::string::npos) << f << "\n" << s16.output;
     EXPECT_NE(s16.output.find("| not logged |"), std::string::npos) << s16.output;  // no clockref then
+    // s17: logged with their clock references, so the clocks by phase come from the GPU's own samples.
+    Result s17 = run_command("python3 bench/throughput.py --dir results/throughput/s17 --out " + out +
+                             " llama3.1-8b_3M llama3.1-8b_4M llama3.1-8b_5M");
+    ASSERT_EQ(s17.code, 0) << s17.output;
+    for (const char* f : {"| **197.8** |", "| **149.1** |", "| **118.9** |", "| 1455 MHz, 693 W / 1650 MHz, 692 W |"})
+        EXPECT_NE(s17.output.find(f), std::string::npos) << f << "\n" << s17.output;
+    Result stm = run_command("python3 bench/throughput.py --dir results/throughput/s17/stmatrix --out " + out + " llama3.1-8b_3M");
+    ASSERT_EQ(stm.code, 0) << stm.output;
+    for (const char* f : {"| **200.6** |", "| 647 / 581 | 1575 MHz, 691 W / 1650 MHz, 691 W |"})
+        EXPECT_NE(stm.output.find(f), std::string::npos) << f << "\n" << stm.output;
     // The GPU's clocks by phase: 3B at 5M, its step ended at 05:46:12 of the device's clock (Unix
     // 1312 against a reference pairing 05:41:00 with 1000). The forward layers then ran from 05:41:59
     // to 05:43:04, six samples (1560-1605 MHz), and the backward to the end, 19 (1635-1710).
