@@ -514,32 +514,24 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     EXPECT_EQ(shape("--seq-len 5M --host-mem-gib 225"), "4 3 2 host,rebuilt,rerun,slot\n");
 
     const std::string out = testing::TempDir();
-    Result s15 = run_command("python3 bench/throughput.py --dir results/throughput/s15 --out " + out +
-                             " llama3.1-8b_3M llama3.1-8b_4M llama3.1-8b_5M");
-    ASSERT_EQ(s15.code, 0) << s15.output;
-    for (const char* f : {"| **202.2** |", "| **152.8** |", "| **121.5** |", "15 host, 11 rebuilt, 5 device, 1 slot"})
-        EXPECT_NE(s15.output.find(f), std::string::npos) << f << "\n" << s15.output;
-    Result s14 = run_command("python3 bench/throughput.py --dir results/throughput/s14 --out " + out +
-                             " llama3.1-8b_3M llama3.1-8b_4M llama3.1-8b_5M");
-    ASSERT_EQ(s14.code, 0) << s14.output;
-    for (const char* f : {"| **200.2** |", "| **150.2** |", "| **109.5** |", "15 host, 5 device, 1 slot, 11 rerun"})
-        EXPECT_NE(s14.output.find(f), std::string::npos) << f << "\n" << s14.output;
-    Result s16 = run_command("python3 bench/throughput.py --dir results/throughput/s16 --out " + out +
-                             " llama3.1-8b_3M llama3.2-3b_3M llama3.2-3b_4M llama3.2-3b_5M");
-    ASSERT_EQ(s16.code, 0) << s16.output;
-    for (const char* f : {"| **196.0** |", "| **309.2** |", "| **233.8** |", "| **186.9** |", "27 host, 1 slot"})
-        EXPECT_NE(s16.output.find(f), std::string::npos) << f << "\n" << s16.output;
-    EXPECT_NE(s16.output.find("| not logged |"), std::string::npos) << s16.output;  // no clockref then
-    // s17: logged with their clock references, so the clocks by phase come from the GPU's own samples.
-    Result s17 = run_command("python3 bench/throughput.py --dir results/throughput/s17 --out " + out +
-                             " llama3.1-8b_3M llama3.1-8b_4M llama3.1-8b_5M");
-    ASSERT_EQ(s17.code, 0) << s17.output;
-    for (const char* f : {"| **197.8** |", "| **149.1** |", "| **118.9** |", "| 1455 MHz, 693 W / 1650 MHz, 692 W |"})
-        EXPECT_NE(s17.output.find(f), std::string::npos) << f << "\n" << s17.output;
-    Result stm = run_command("python3 bench/throughput.py --dir results/throughput/s17/stmatrix --out " + out + " llama3.1-8b_3M");
-    ASSERT_EQ(stm.code, 0) << stm.output;
-    for (const char* f : {"| **200.6** |", "| 647 / 581 | 1575 MHz, 691 W / 1650 MHz, 691 W |"})
-        EXPECT_NE(stm.output.find(f), std::string::npos) << f << "\n" << stm.output;
+    // bench/throughput.py over a committed run's logs: each figure must appear in its tables.
+    const std::string eight = " llama3.1-8b_3M llama3.1-8b_4M llama3.1-8b_5M";
+    auto recompute = [&](const std::string& dir, const std::string& names, std::vector<std::string> figures) {
+        Result r = run_command("python3 bench/throughput.py --dir results/throughput/" + dir + " --out " + out + names);
+        EXPECT_EQ(r.code, 0) << r.output;
+        for (const std::string& f : figures) EXPECT_NE(r.output.find(f), std::string::npos) << dir << ": " << f << "\n" << r.output;
+    };
+    recompute("s15", eight, {"| **202.2** |", "| **152.8** |", "| **121.5** |", "15 host, 11 rebuilt, 5 device, 1 slot"});
+    recompute("s14", eight, {"| **200.2** |", "| **150.2** |", "| **109.5** |", "15 host, 5 device, 1 slot, 11 rerun"});
+    recompute("s16", " llama3.1-8b_3M llama3.2-3b_3M llama3.2-3b_4M llama3.2-3b_5M",
+              {"| **196.0** |", "| **309.2** |", "| **233.8** |", "| **186.9** |", "27 host, 1 slot",
+               "| not logged |"});  // no clockref then
+    // From s17 on, logged with their clock references: the clocks by phase come from the GPU's own samples.
+    recompute("s17", eight, {"| **197.8** |", "| **149.1** |", "| **118.9** |", "| 1455 MHz, 693 W / 1650 MHz, 692 W |"});
+    recompute("s17/stmatrix", " llama3.1-8b_3M", {"| **200.6** |", "| 647 / 581 | 1575 MHz, 691 W / 1650 MHz, 691 W |"});
+    // s18: main's kernels at every length, 3M on one machine (and again on another), 4M and 5M on a third.
+    recompute("s18", eight, {"| **199.9** |", "| **153.2** |", "| **122.8** |", "| 647 / 584 | 1590 MHz, 691 W / 1672 MHz, 691 W |"});
+    recompute("s18/second_3m", " llama3.1-8b_3M", {"| **202.6** |", "| 645 / 586 | 1560 MHz, 692 W / 1680 MHz, 691 W |"});
     // The GPU's clocks by phase: 3B at 5M, its step ended at 05:46:12 of the device's clock (Unix
     // 1312 against a reference pairing 05:41:00 with 1000). The forward layers then ran from 05:41:59
     // to 05:43:04, six samples (1560-1605 MHz), and the backward to the end, 19 (1635-1710).
