@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Shared-memory wavefronts and warp instructions by SASS opcode, from profile_bwd.sh's source_sass.csv.
 
-    python3 bench/ncu_wavefronts.py DIR/source_sass.csv --kernel 'dkdv_kernel<(bool)1>' --steps 16777216
+    python3 bench/ncu_wavefronts.py DIR/source_sass.csv --kernel 'dkdv_kernel<(bool)1>' --steps 16785408
 
 Nsight Compute's source page counts, for every SASS instruction, the warp instructions executed
 and the shared-memory wavefronts (cycles of the 128-byte shared-memory data pipe) its executions
