@@ -581,6 +581,34 @@ TEST(Ladder, PlannedLadderReproducesTheTalksStory) {
     EXPECT_NEAR(rows[5].total_gib, p.total_gib(runtime_estimate_gib(8)), 1e-9);
 }
 
+// bench/ncu_wavefronts.py on a made-up source page of two kernels: the second one's wavefronts
+// and warp instructions summed by opcode (HGMMA by shape) and divided by --steps; a kernel that is
+// not there, or a page without the counters, is a clear error.
+TEST(Bench, NcuWavefrontsSumsBySassOpcode) {
+    if (run_command("python3 --version").code != 0) GTEST_SKIP() << "no python3";
+    const std::string dir = testing::TempDir(), csv = dir + "source_sass.csv", bare = dir + "bare.csv";
+    const std::string head = "\"Address\",\"Source\",\"Instructions Executed\",\"L1 Wavefronts Shared\",\"L1 Wavefronts Shared Ideal\"\n";
+    std::ofstream(csv) << "\"Kernel Name\",\"void k<(bool)0>(int)\",\n" << head
+                       << "\"0x10\",\"LDS.64 R2, [R0]\",\"4\",\"8\",\"8\"\n"
+                       << "\"Kernel Name\",\"void k<(bool)1>(int)\",\n" << head
+                       << "\"0x10\",\"HGMMA.64x64x16.F32.BF16 R152, gdesc[UR20], RZ, !UPT\",\"16\",\"128\",\"128\"\n"
+                       << "\"0x20\",\"HGMMA.64x64x16.F32.BF16 R152, gdesc[UR20], R152, gsb0\",\"16\",\"128\",\"128\"\n"
+                       << "\"0x30\",\"@!P0 STS.64 [R3], R4\",\"8\",\"24\",\"16\"\n"
+                       << "\"0x40\",\"IMAD.MOV.U32 R1, RZ, RZ, R2\",\"6\",\"0\",\"0\"\n";
+    std::ofstream(bare) << "\"Kernel Name\",\"void k<(bool)1>(int)\",\n\"Address\",\"Source\"\n\"0x10\",\"NOP\"\n";
+    Result r = run_command("python3 bench/ncu_wavefronts.py " + csv + " --kernel 'k<(bool)1>' --steps 2");
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (const char* row : {"| HGMMA.64x64x16 | 128.0 | 128.0 | 16.00 |", "| STS | 12.0 | 8.0 | 4.00 |", "| all | 140.0 | 136.0 | 23.00 |"})
+        EXPECT_NE(r.output.find(row), std::string::npos) << row << "\n" << r.output;
+    EXPECT_EQ(r.output.find("LDS"), std::string::npos) << r.output;  // the other kernel's
+    Result missing = run_command("python3 bench/ncu_wavefronts.py " + csv + " --kernel 'k<(bool)2>'");
+    EXPECT_NE(missing.code, 0);
+    EXPECT_NE(missing.output.find("no kernel matching"), std::string::npos) << missing.output;
+    Result no_counters = run_command("python3 bench/ncu_wavefronts.py " + bare + " --kernel 'k<(bool)1>'");
+    EXPECT_NE(no_counters.code, 0);
+    EXPECT_NE(no_counters.output.find("lacks the columns"), std::string::npos) << no_counters.output;
+}
+
 TEST(Ladder, RefusesWhatUlyssesCannotSplit) {
     std::vector<LadderRow> rows = ladder_plan(parse({"--config", "tiny", "--seq-len", "1001", "--sim-world", "8"}));
     EXPECT_TRUE(rows[1].refused.empty());
