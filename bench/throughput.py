@@ -38,7 +38,8 @@ budget and with every layer's attention output kept.
 
 The GPU's SM clock and power in the forward and the backward layers: medians of NAME.gpu.csv
 (nvidia-smi every 10 s), placed by the step record's end time and NAME.clockref (runs before
-these were logged have none).
+these were logged have none). This is the clock nvidia-smi reports; at the power cap the SMs
+count about 8-10% fewer cycles per second (docs/results.md), so it compares machines, not cycles.
 
 Writes NAME.throughput.json beside the logs and prints three tables: tokens/s beside the Untied
 Ulysses paper's figures (Llama3-8B, 8 x H100), where a layer's time goes, and the bounds.
