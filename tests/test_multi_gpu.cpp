@@ -146,7 +146,7 @@ TEST(MultiGpu, UlyssesAndFsdpMatchOneGpu) {
         snprintf(budgets, sizeof budgets, " --host-mem-gib %.9f --device-keep-gib %.9f",
                  (3 * T * c.dim * 2 + 0.5 * att_bytes) / (1 << 30), 1.5 * att_bytes / (1 << 30));
         char rebuilt[120];  // layer 1's block input off the host, rebuilt: room for layer 1's attention output
-                            // (asked for: at 400 tokens a rebuild costs more than the rerun it saves)
+                            // (asked for: tiny and tiny-untied would not rebuild at 400 tokens by default)
         snprintf(rebuilt, sizeof rebuilt, " --host-mem-gib %.9f --device-keep-gib 0 --rebuild-inputs 1",
                  (2 * T * c.dim * 2 + 2.05 * att_bytes) / (1 << 30));
         expect_same_as_one_gpu(common, "", {"--nproc 2 --ulysses", "--nproc 2 --ulysses --fsdp",
