@@ -53,7 +53,7 @@
 //                                   fsdp_grad_begin / fsdp_grad_end around each unit's
 //                                   backward (the reduce-scatter); fsdp_acquire / fsdp_release
 //                                   around each use of a unit's weights (both paths: the slots),
-//                                   in the order fsdp_step_begin lists, which fsdp_step_end checks
+//                                   in the order fsdp_unit_order lists, which fsdp_step_end checks
 //   offload.cu offload_before_layer_backward
 //                                   fsdp_wait_gathered: a rebuilt input reads layer l-1's
 //                                   weights, gathered ahead, during layer l's turn
@@ -177,20 +177,25 @@ static void comm_after_compute(Model& m, cudaStream_t s) {
     CUDA_CHECK(cudaStreamWaitEvent(m.comm_stream, m.fsdp->mark, 0));
 }
 
+// The order in which the step acquires the units (llama.cu: embedding_lookup, the layers,
+// head_forward_backward and lm_head_in_pieces, the layers again). fsdp_step_end checks it.
+std::vector<int> fsdp_unit_order(const Model& m) {
+    const ParamLayout& lay = m.layout;
+    const int L = m.cfg.n_layers, k = lay.vocab_pieces();
+    std::vector<int> order;
+    for (int p = 0; p < k; p++) order.push_back(lay.embed_unit(p));  // the lookup
+    for (int l = 0; l < L; l++) order.push_back(lay.layer_unit(l));
+    order.push_back(lay.final_norm_unit());                            // held through the head
+    for (int pass = 0; pass < (k > 1 ? 2 : 1); pass++)                // the head: loss, then backward
+        for (int p = 0; p < k; p++) order.push_back(lay.head_unit(p));
+    for (int l = L - 1; l >= 0; l--) order.push_back(lay.layer_unit(l));  // the backward's layers
+    return order;
+}
+
 void fsdp_step_begin(Model& m, cudaStream_t s) {
     Fsdp& f = *m.fsdp;
     CUDA_CHECK(cudaMemsetAsync(m.grad, 0, m.local_params * sizeof(float), s));
-    // The order in which the step acquires the units (llama.cu: embedding_lookup, the layers,
-    // head_forward_backward and lm_head_in_pieces, the layers again). fsdp_step_end checks it.
-    const ParamLayout& lay = m.layout;
-    const int L = m.cfg.n_layers, k = lay.vocab_pieces();
-    f.order.clear();
-    for (int p = 0; p < k; p++) f.order.push_back(lay.embed_unit(p));  // the lookup
-    for (int l = 0; l < L; l++) f.order.push_back(lay.layer_unit(l));
-    f.order.push_back(lay.final_norm_unit());                            // held through the head
-    for (int pass = 0; pass < (k > 1 ? 2 : 1); pass++)                  // the head: loss, then backward
-        for (int p = 0; p < k; p++) f.order.push_back(lay.head_unit(p));
-    for (int l = L - 1; l >= 0; l--) f.order.push_back(lay.layer_unit(l));  // the backward's layers
+    f.order = fsdp_unit_order(m);
     f.next_gather = 0;
     for (auto& w : f.ws) w.free = true, w.unit = -1;
     comm_after_compute(m, s);  // the optimizer has written the master weights about to be converted

@@ -523,6 +523,7 @@ int64_t fsdp_local_params(const LlamaConfig& c, bool sharded, int world);  // el
 void fsdp_declare_buffers(Model& m, Arena& A);  // the two bf16 unit slots (comm under --fsdp, else model), gradient slots
 void fsdp_create(Model& m);
 void fsdp_destroy(Model& m);
+std::vector<int> fsdp_unit_order(const Model& m);  // the units in the order a step acquires them
 void fsdp_step_begin(Model& m, cudaStream_t s);
 // Weights of unit u usable on the compute stream after acquire, until release.
 void fsdp_acquire(Model& m, int u, cudaStream_t s);

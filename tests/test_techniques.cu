@@ -263,15 +263,7 @@ TEST(SimWorld, GatheredUnitsHoldTheWholeModel) {
         convert_f32_to_bf16(whole, one.master, lay.total, s);
         const std::vector<double> expected = download(whole, lay.total);
         CUDA_CHECK(cudaFree(whole));
-        // The step's order of units (fsdp_step_begin): embedding, layers, final norm, head, layers.
-        std::vector<int> order;
-        const int k = lay.vocab_pieces(), L = cfg.n_layers;
-        for (int p = 0; p < k; p++) order.push_back(lay.embed_unit(p));
-        for (int l = 0; l < L; l++) order.push_back(lay.layer_unit(l));
-        order.push_back(lay.final_norm_unit());
-        for (int pass = 0; pass < (k > 1 ? 2 : 1); pass++)
-            for (int p = 0; p < k; p++) order.push_back(lay.head_unit(p));
-        for (int l = L - 1; l >= 0; l--) order.push_back(lay.layer_unit(l));
+        const std::vector<int> order = fsdp_unit_order(sim);  // the step's: embedding, layers, final norm, head, layers
         fsdp_step_begin(sim, s);
         int64_t compared = 0, nonzero = 0, differ = 0, first_differ = -1;
         for (int u : order) {
