@@ -535,6 +535,7 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     // s19: 3B with main's kernels, every length on one machine (its forward at 1455-1575 MHz).
     recompute("s19", " llama3.2-3b_3M llama3.2-3b_4M llama3.2-3b_5M",
               {"| **307.7** |", "| **231.5** |", "| **183.1** |", "| 604 / 579 | 1455 MHz, 692 W / 1650 MHz, 692 W |"});
+    recompute("s19/q_registers", " llama3.1-8b_3M", {"| **203.1** |", "| 653 / 584 | 1560 MHz, 692 W / 1680 MHz, 691 W |"});
     // The GPU's clocks by phase: 3B at 5M, its step ended at 05:46:12 of the device's clock (Unix
     // 1312 against a reference pairing 05:41:00 with 1000). The forward layers then ran from 05:41:59
     // to 05:43:04, six samples (1560-1605 MHz), and the backward to the end, 19 (1635-1710).
