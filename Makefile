@@ -25,8 +25,9 @@ $(shell mkdir -p build/tests build/bench && (echo '$(BUILD_FLAGS)' | cmp -s - bu
 
 RUN_ARGS  ?= --config llama3.2-3b --seq-len 8K --steps 30 --lr 3e-4 --task copy
 
-HEADERS   := common.h llama.h train.h attention_ptx.cuh
-LIB_OBJS  := build/llama.o build/attention.o build/attention_hopper.o build/checkpointing.o build/chunked.o build/offload.o build/fsdp.o \
+HEADERS   := common.h llama.h train.h attention_ptx.cuh attention_hopper_ptx.cuh
+LIB_OBJS  := build/llama.o build/kernels.o build/attention.o build/attention_hopper.o build/checkpointing.o build/chunked.o \
+             build/offload.o build/selective.o build/savings.o build/fsdp.o \
              build/ulysses.o build/untied.o build/comm.o build/files.o build/timeline.o
 TEST_BINS := build/tests/test_reference build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \

@@ -76,15 +76,11 @@
 //   adds to each query tile go in a fixed order (by key tile), so it too is bit-reproducible.
 //
 // Block order of the backward. From 16K tokens the backward kernels take their blocks KV head
-// by KV head, as the forward does: the blocks running at once then walk one KV head's query
-// tiles, so a tile one of them reads is read by the others while L2 still holds it. Taken key
-// tile by key tile across the KV heads, the blocks running at once walk 8 KV heads' tiles, and
-// those that share a head's tiles drift apart over their long lives (group x (n_qt - 2 kt)
-// steps, about 49,000 at 1M tokens for the 3B shape) until L2 no longer holds a tile between
-// their reads: long sequences then become bound by DRAM (bench/schedule_sim.cpp models it).
-// Below 16K tokens one KV head's blocks are less than a wave, and KV head by KV head would
-// leave the last wave to the last KV head's longest blocks: there the blocks go key tile by
-// key tile across the heads, longest first over all of them (see KV_MAJOR_MIN_TILES).
+// by KV head, as the forward does, so that a tile one of the blocks running at once reads is
+// read by the others while L2 still holds it (across the KV heads, blocks sharing a head's tiles
+// drift apart over their long lives until long sequences become bound by DRAM:
+// bench/schedule_sim.cpp models it). Below 16K one KV head's blocks are less than a wave: there
+// they go key tile by key tile across the heads, longest first (KV_MAJOR_MIN_TILES).
 
 // Shared tiles: a [R][128] bf16 tile is two [R][64] halves (one TMA box each) of 128-byte rows;
 // the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (the 128-byte swizzle), so eight rows
@@ -103,6 +99,7 @@
 #include <initializer_list>
 #include <set>
 
+#include "attention_hopper_ptx.cuh"
 #include "attention_ptx.cuh"
 #include "llama.h"
 
@@ -117,7 +114,6 @@
 
 namespace hopper {
 
-constexpr int HD = 128;
 constexpr int THREADS = 384;                 // producer warpgroup + two consumer warpgroups
 #if !HOPPER_STUB
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 * 40 + 256 * 232 <= 65536
@@ -125,123 +121,6 @@ constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 * 40 + 256 * 232 
 constexpr int TILE = 128 * 128 * 2;          // bytes of a [128][128] bf16 tile
 constexpr int HALF_TILE = TILE / 2;          // a [64][128] tile
 
-// ---------------------------------------------------------------------------------------------
-// PTX wrappers: mbarriers, TMA, register reallocation, wgmma.
-__device__ inline void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ inline void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-// One arrival that also announces `bytes` of copies that will complete on this barrier.
-__device__ inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ inline void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Wait until the barrier's phase with this parity has completed.
-__device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-// One box of a 3-D tensor map (column, row, batch) into shared memory, completing on `bar`.
-__device__ inline void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int row, int batch) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
-        "[%2];\n" ::"r"(dst),
-        "l"((uint64_t)map), "r"(bar), "r"(col), "r"(row), "r"(batch)
-        : "memory");
-}
-// A [rows][128] tile of head `head`: two boxes of 64 columns.
-__device__ inline void tma_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int head, int64_t row, int batch,
-                                int rows) {
-    tma_load(dst, map, bar, head * HD, (int)row, batch);
-    tma_load(dst + rows * 128, map, bar, head * HD + 64, (int)row, batch);
-}
-template <int N>
-__device__ inline void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N>
-__device__ inline void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
-__device__ inline float exp2_fast(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// wgmma shared-memory descriptors, 128-byte swizzle (see the header): bits 0-13 the start
-// address / 16, 16-29 the leading byte offset / 16, 32-45 the stride byte offset / 16, 62-63 the
-// swizzle mode. A k-slice's descriptor is its tile's plus the slice's offset / 16 in the low word
-// (shared addresses are below 256 KB, so the address field does not carry over): one add per
-// product instead of rebuilding every field, which takes several instructions per descriptor on
-// the path between one product and the next.
-__device__ inline uint64_t desc_bits(uint32_t addr, uint32_t offset, uint32_t lead_bytes, uint32_t stride_bytes) {
-    const uint32_t lo = ((addr & 0x3FFFF) >> 4 | (lead_bytes >> 4) << 16) + (offset >> 4);
-    return (uint64_t)((stride_bytes >> 4) | 1u << 30) << 32 | lo;
-}
-// K-major: the k-slice 16j..16j+15 of a [R][128] tile (the leading offset is unused).
-__device__ inline uint64_t kmajor_desc(uint32_t tile, int j, int R) {
-    return desc_bits(tile, (uint32_t)((j >> 2) * R * 128 + (j & 3) * 32), 16, 1024);
-}
-// MN-major: k-rows 16j..16j+15 of a [R][128] tile read as a 16 x 128 operand (n = columns).
-__device__ inline uint64_t mnmajor_desc(uint32_t tile, int j, int R) {
-    return desc_bits(tile, (uint32_t)(j * 16 * 128), (uint32_t)(R * 128), 1024);
-}
-
-__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Keep the compiler from moving accumulator reads and writes across the asynchronous products.
-template <int N>
-__device__ inline void fence_regs(float* r) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-// d (64 x 128, fp32) (+)= A (registers, 64 x 16 bf16) * B (shared); MN = 0: B K-major, MN = 1:
-// B MN-major (the transpose bit).
-template <int MN>
-__device__ inline void wgmma_128_rs(float* d, const uint32_t* a, uint64_t db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(MN));
-}
-
-// d (64 x 64, fp32) (+)= A (shared) * B (shared); MN = 0: both K-major, MN = 1: both MN-major
-// (A's m and B's n contiguous: the transpose bits).
-template <int MN = 0>
-__device__ inline void wgmma_64_ss(float* d, uint64_t da, uint64_t db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %35;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(MN));
-}
-
-// Two floats to shared memory in one 8-byte store (addr a multiple of 8).
-__device__ inline void st_shared_v2(uint32_t addr, float x, float y) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
-}
-
-// Four 8 x 8 bf16 matrices to shared memory (stmatrix): register i of every lane holds row
-// lane / 4, columns 2 (lane % 4), +1 of matrix i, and lane l gives the address of row l % 8 of
-// matrix l / 8 (16 bytes).
-__device__ inline void stmatrix_x4(uint32_t addr, const uint32_t* r) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
-                 "r"(r[2]), "r"(r[3])
-                 : "memory");
-}
-
-// Named barriers (0 is __syncthreads): `count` threads of the consumer warpgroups meet.
-__device__ inline void named_barrier(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
-// Arrive at a named barrier without waiting for it (the threads that sync on it wait).
-__device__ inline void named_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 // The two consumer warpgroups taking turns at issuing products (FlashAttention-3's "ping-pong"):
 // consumer c waits at named barrier 2 + c until the other one has issued its products and
 // arrived there. Both take `n` turns. Each barrier sees as many arrivals as syncs: consumer 1
@@ -658,8 +537,6 @@ constexpr int BWD_STAGES = 3;
 // head for L2 (see the header); at 16K both orders run alike. (bench/schedule_sim.cpp: no order
 // in chunks of key tiles does both.)
 constexpr int64_t KV_MAJOR_MIN_TILES = 128;
-static int64_t kv_major_min_tiles = KV_MAJOR_MIN_TILES;  // tests set it to run both orders
-static bool break_dq_order = false;  // tests: the fused backward's counts start at -1 (never met)
 constexpr int BQ = 64;  // query rows per step of the dK/dV kernel, key rows per step of dQ's
 
 // ---- dK, dV (and, FUSED_DQ, dQ): one block per 128 keys of one KV head.
@@ -1226,10 +1103,10 @@ void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShap
     launch(forward_kernel, blocks, FWD_SMEM, s, mq, mk, mv, p);
 }
 
-// Backward with delta given (a.out == nullptr): the dK/dV kernel, then the dQ kernel (`parts`:
-// bit 0 the first, bit 1 the second; the bench times them apart). With a.dq_accum: the fused
-// dK/dV/dQ kernel, then the conversion of its fp32 dQ sums.
-void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s, int parts) {
+// Backward with delta given (a.out == nullptr): the dK/dV kernel, then the dQ kernel; with
+// a.dq_accum, the fused dK/dV/dQ kernel, then the conversion of its fp32 dQ sums (opt.parts: which).
+void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s,
+                               const HopperBackwardOptions& opt) {
     if (a.out != nullptr || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
         usage_error("attention_backward_hopper: needs delta given, head dim 128, sm_90, 16-byte aligned inputs");
     if (a.dq_accum && !hopper::fused_dq_aligned(a))
@@ -1242,8 +1119,8 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
     p.n_heads = sh.n_heads, p.n_kv_heads = sh.n_kv_heads, p.batch = sh.batch, p.group = sh.n_heads / sh.n_kv_heads;
     p.scale = 1.0f / sqrtf((float)sh.head_dim), p.scale_log2 = p.scale * LOG2E;
     p.accumulate_dkv = a.accumulate_dkv, p.dq_accum = a.dq_accum;
-    p.kv_major = p.n_tiles >= kv_major_min_tiles;
-    if (parts & 1) {  // dK, dV: 64-row query tiles stream past 128 keys.
+    p.kv_major = p.n_tiles >= (opt.kv_major_from_tiles > 0 ? opt.kv_major_from_tiles : KV_MAJOR_MIN_TILES);
+    if (opt.parts & 1) {  // dK, dV: 64-row query tiles stream past 128 keys.
         const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, BQ);
         const CUtensorMap mdo = tensor_map(a.dout, sh.n_heads, a.lddo, sh.seq, sh.batch, BQ);
         const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, 128);
@@ -1251,7 +1128,7 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
         const int64_t blocks = p.n_tiles * sh.n_kv_heads * sh.batch;
         if (a.dq_accum) {
             CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, attention_dq_accum_floats(sh) * sizeof(float), s));
-            if (break_dq_order) {
+            if (opt.unreachable_dq_counts) {  // every count -1
                 const int64_t n_qt = (sh.seq + BQ - 1) / BQ, sums = dq_sum_floats(sh.batch, sh.n_heads, n_qt);
                 CUDA_CHECK(cudaMemsetAsync(a.dq_accum + sums, 0xFF, sh.batch * sh.n_heads * n_qt * sizeof(int), s));
             }
@@ -1260,11 +1137,11 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
             launch(dkdv_kernel<false>, blocks, dkdv_smem<false>(), s, mq, mdo, mk, mv, p);
         }
     }
-    if ((parts & 2) && a.dq_accum) {  // dQ from the fused kernel's fp32 sums
+    if ((opt.parts & 2) && a.dq_accum) {  // dQ from the fused kernel's fp32 sums
         const int64_t n_qt = (sh.seq + BQ - 1) / BQ;
         dq_convert_kernel<<<(unsigned)(n_qt * sh.n_heads * sh.batch), 256, 0, s>>>(p, n_qt);
         CUDA_CHECK_LAUNCH();
-    } else if (parts & 2) {  // dQ: 64-key tiles stream past 128 query rows.
+    } else if (opt.parts & 2) {  // dQ: 64-key tiles stream past 128 query rows.
         const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, 128);
         const CUtensorMap mdo = tensor_map(a.dout, sh.n_heads, a.lddo, sh.seq, sh.batch, 128);
         const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, BQ);
@@ -1284,10 +1161,6 @@ int64_t attention_dq_accum_floats(const AttentionShape& sh) {
 // The dispatch the model calls.
 static bool use_reference = false;
 void attention_use_reference(bool on) { use_reference = on; }
-void attention_backward_kv_major_from(int64_t tiles) {
-    hopper::kv_major_min_tiles = tiles > 0 ? tiles : hopper::KV_MAJOR_MIN_TILES;
-}
-void attention_fused_backward_break_order(bool on) { hopper::break_dq_order = on; }
 
 // For 16-byte aligned inputs with row strides of multiples of 8 elements (the model's buffers).
 bool attention_uses_hopper(const AttentionShape& sh) {

@@ -27,32 +27,32 @@
 //
 // Memory, per GPU, for T local tokens (bytes; the "other" category):
 //   without --chunked: MLP work 2 T (2D + 3F) + 8 T and its gradients 2 T (D + 3F);
-//                      logits 2 T V / k, one of k vocabulary pieces (common.h; their
-//                      gradient overwrites them)
+//                      logits 2 T V (their gradient overwrites them)
 //   with --chunked:    the same with T replaced by C (MLP) and C_loss (logits)
-// e.g. Llama 3.1 8B, T = 393216 (3M tokens over 8 GPUs), k = 3: logits 31 GiB -> 0.33 GiB, MLP
-// work and its gradients 72 GiB -> 0.75 GiB (C = 4096).
+// e.g. Llama 3.1 8B, T = 393216 (3M tokens over 8 GPUs): logits 94 GiB -> 1 GiB, MLP work and
+// its gradients 72 GiB -> 0.75 GiB (C = 4096, C_loss = 4096).
 // Cost: without --ckpt, the chunk's norm, up projection and activation run again in the
 // backward, 4 D F of the MLP's 18 D F FLOPs per token (about 2/9 more in the MLP); with --ckpt
 // they are recomputed anyway, so chunking adds no FLOPs. Smaller GEMMs run a little slower.
-// Chunking does not repeat the logits GEMM (the vocabulary pieces do: llama.cu lm_head_in_pieces).
 //
 // Chunk sizes: C defaults to the hidden size (ALST's choice: a tile of D tokens keeps the MLP's
-// GEMMs large enough to run at full speed); C_loss keeps one chunk's bf16 logits over the whole
-// vocabulary near 1 GiB (4096 tokens for a 128K vocabulary), of which the buffer holds one
-// piece's columns. Neither needs to divide T.
+// GEMMs large enough to run at full speed); C_loss keeps one chunk's bf16 logits near 1 GiB
+// (4096 tokens for a 128K vocabulary). Neither needs to divide T.
 //
 // The plain model already walks its tokens this way, in one chunk of all T tokens; --chunked
-// only makes the chunks smaller. Where --chunked changes the step:
+// only makes the chunks smaller. The loops are the two functions at the end of this file; where
+// they run, and where else --chunked changes the step:
 //   chunked_plan                  chunk rows C and loss rows C_loss; the norms' and the MLP's
-//                                 buffers become one shared chunk (recomputed per chunk)
-//   llama.cu layer_forward, layer_backward
-//                                 FOR_EACH_CHUNK walks C tokens at a time
-//   llama.cu for_each_loss_chunk  the head walks C_loss tokens at a time (its logits buffer holds
-//                                 one vocabulary piece's columns, common.h)
+//                                 buffers become one chunk, recomputed per chunk
+//   for_each_token_chunk          llama.cu: attention_block_forward (the norm, q|k|v and RoPE),
+//                                 block_output_forward (Wo, the MLP and the residuals), and in
+//                                 layer_backward the MLP's and the projection's backward;
+//                                 checkpointing.cu and selective.cu: q|k|v recomputed; untied.cu
+//                                 for_each_normalized_chunk: the normalized input of the projections
+//   for_each_loss_chunk           llama.cu lm_head_whole; savings.cu lm_head_in_pieces (both passes
+//                                 and the final norm's backward)
 //   checkpointing.cu              recompute_mlp_inputs and recompute_attention_norm rebuild the
 //                                 chunk's xn2, h13, act and xn1 in the backward
-//   untied.cu                     the normalized input of the projections, chunk by chunk
 //   llama.cu declare_*            the buffers sized by C and C_loss rows (norms, MLP, their
 //                                 gradients, logits); train.cpp: --chunk-tokens, --loss-chunk-tokens
 #include <algorithm>
@@ -66,7 +66,7 @@ static int64_t chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_
 }
 
 // Tokens of a chunk of the LM head and loss: --loss-chunk-tokens, or bf16 logits over the whole
-// vocabulary near 1 GiB (the buffer holds one vocabulary piece's columns of them).
+// vocabulary near 1 GiB.
 static int64_t loss_chunk_rows_for(const LlamaConfig& c, const StepOptions& o, int64_t T) {
     int64_t k = o.loss_chunk_tokens;
     if (k <= 0) k = std::max<int64_t>(256, ((1LL << 30) / (2LL * c.vocab)) / 256 * 256);
@@ -78,5 +78,15 @@ void chunked_plan(Model& m) {
     const int64_t T = m.shape.tokens();
     m.plan.chunk_rows = chunk_rows_for(m.cfg, m.opt, T);
     m.plan.loss_rows = loss_chunk_rows_for(m.cfg, m.opt, T);
-    m.plan.norms_mlp = Hold::SHARED;  // one chunk's worth, rebuilt in the backward
+    m.plan.norms_mlp = Hold::RECOMPUTED;  // one chunk's worth, rebuilt in the backward
+}
+
+void for_each_token_chunk(const Model& m, const std::function<void(int64_t t0, int64_t t1)>& f) {
+    const int64_t T = m.shape.tokens(), C = m.plan.chunk_rows;
+    for (int64_t t0 = 0; t0 < T; t0 += C) f(t0, std::min(t0 + C, T));
+}
+
+void for_each_loss_chunk(const Model& m, const std::function<void(int64_t t0, int64_t n)>& f) {
+    const int64_t T = m.shape.tokens(), C = m.plan.loss_rows;
+    for (int64_t t0 = 0; t0 < T; t0 += C) f(t0, std::min(C, T - t0));
 }

@@ -8,8 +8,9 @@
 //   LocalComm  --sim-world N: this process is rank 0 of an N-GPU run. Every buffer has the size
 //              it has there and every kernel runs as there; a collective is replaced by a local
 //              copy of rank 0's own part (an all-gather copies its shard into its slot, an
-//              all-to-all keeps its send buffer). FSDP then draws the other ranks' weight shards
-//              from the seed (fsdp.cu), so the kernels multiply the values a real rank's would.
+//              all-to-all keeps its send buffer). FSDP's gathers then get the other ranks' weight
+//              shards drawn from the seed (sim_world_draw_other_shards, below), so the kernels
+//              multiply the values a real rank's would.
 //              So memory per category is that of one GPU of the N-GPU run and the step time is
 //              its compute; the loss is meaningless.
 //              With N = 1 it is the single-GPU communicator: every collective is the identity.
@@ -70,6 +71,21 @@ class LocalComm : public Comm {
 
 Comm* comm_single() { return new LocalComm(1); }
 Comm* comm_fake(int world) { return new LocalComm(world); }
+
+// Not zeros: on 7/8 zeros the GEMMs and attention kernels multiply zeros, the GPU draws less
+// power, clocks higher under its power limit, and the emulated step runs faster than a real
+// rank's (docs/results.md has the measurement). So a gathered unit holds what a real gather
+// would bring at the start of training: unit u's initial weights, drawn from the seed.
+void sim_world_draw_other_shards(const Model& m, bf16* slot, int u, int64_t shard, int rank, cudaStream_t s) {
+    const ParamLayout& lay = m.layout;
+    const int64_t begin = lay.unit_begin[u], end = lay.unit_begin[u + 1];  // the shards' padding is no tensor's
+    const int64_t own_lo = std::min(begin + rank * shard, end), own_hi = std::min(own_lo + shard, end);
+    for (const ParamTensor& t : lay.tensors)
+        for (auto [lo, hi] : {std::pair<int64_t, int64_t>{begin, own_lo}, {own_hi, end}}) {
+            const int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel());
+            if (a < b) init_param_values(m, t, a - t.offset, b - a, m.init_seed, nullptr, slot + (a - begin), s);
+        }
+}
 
 // =============================================================================================
 static void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {
@@ -265,7 +281,6 @@ void model_sync(Model& m, cudaStream_t s) {
 }
 
 void layer_all_to_all(Model& m, int l, void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
-    int mark = timeline_begin(m, s);
+    TimelineMark mark(m, s, "compute", "all-to-all", l, n * (m.comm->world - 1) * (int64_t)dtype_size(t));
     m.comm->all_to_all(out, in, n, t, s);
-    timeline_end(m, mark, "compute", "all-to-all", l, s, n * (m.comm->world - 1) * (int64_t)dtype_size(t));
 }

@@ -62,9 +62,6 @@ struct LlamaConfig {
     double rope_theta = 500000.0;
     RopeScaling rope_scaling;
     bool tied_embeddings = false;  // LM head reuses the token embedding
-    // Units of vocabulary rows the embedding and the LM head are cut into (param_layout); 0: as
-    // few as keep each within about a layer's size. Tests set it to exercise several pieces.
-    int vocab_pieces = 0;
 
     int64_t q_dim() const { return (int64_t)n_heads * head_dim; }
     int64_t kv_dim() const { return (int64_t)n_kv_heads * head_dim; }
@@ -130,14 +127,15 @@ inline LlamaConfig config_by_name(const std::string& name) {
 // tensors, in order: embed [V, D]; per layer l: attn_norm [D], wqkv [Hq*d + 2*Hkv*d, D],
 //   wo [D, Hq*d], mlp_norm [D], w13 [2F, D] (rows 0..F-1 gate, F..2F-1 up), w2 [D, F];
 //   final_norm [D]; lm_head [V, D] (only when embeddings are not tied)
-// units, in order (k = vocab_pieces):
-//   0 .. k-1           the embedding, cut into k pieces of vocabulary rows
+// units, in order (k vocabulary pieces):
+//   0 .. k-1           the embedding, in k pieces of vocabulary rows (k = 1: the whole table)
 //   k + l              layer l
 //   k + L              the final norm
 //   k + L + 1 ..       the LM head, cut the same way (untied only)
-// The vocabulary pieces keep every unit within about a layer's size, so FSDP's slots, sized by
-// the largest unit, hold a layer: the embedding and the head of a 128K vocabulary are 2.4 layers each
-// in Llama 3.1 8B (fsdp.cu). A piece's rows start at a multiple of PIECE_ROWS.
+// The talk's FSDP gathers the embedding and the head as whole units (k = 1). Stage 7's
+// --vocab-pieces (savings.cu) cuts them into pieces of about a layer's size, so FSDP's slots,
+// sized by the largest unit, hold a layer: the embedding and the head of a 128K vocabulary are
+// 2.4 layers each in Llama 3.1 8B. A piece's rows start at a multiple of PIECE_ROWS.
 //
 // Matrices are [out_features, in_features] row-major, as in PyTorch/HF. Each tensor starts at a
 // multiple of PARAM_ALIGN elements so every pointer handed to cuBLAS is 256-byte aligned in bf16.
@@ -191,25 +189,28 @@ inline int64_t layer_params(const LlamaConfig& c) {
            a((int64_t)c.dim * c.ffn_dim);
 }
 
-// Vocabulary pieces: c.vocab_pieces, or as few as keep a piece of V x D within about a layer's
-// size (boundaries round up to PIECE_ROWS rows).
-inline int vocab_piece_count(const LlamaConfig& c) {
-    if (c.vocab_pieces > 0) return c.vocab_pieces;
+// Vocabulary pieces: `pieces`, or (0) as few as keep a piece of V x D within about a layer's size
+// (boundaries round up to PIECE_ROWS rows).
+inline int vocab_piece_count(const LlamaConfig& c, int pieces) {
+    if (pieces > 0) return pieces;
     const int64_t table = (int64_t)c.vocab * c.dim, layer = std::max<int64_t>(1, layer_params(c));
     const int64_t most = std::max<int64_t>(1, c.vocab / PIECE_ROWS);  // a piece holds PIECE_ROWS rows at least
     return (int)std::min<int64_t>(std::max<int64_t>(1, (table + layer - 1) / layer), most);
 }
 
-inline ParamLayout param_layout(const LlamaConfig& c) {
+// The layout of c's parameters with the embedding and LM head in `vocab_pieces` units (1: whole;
+// 0: as few as keep each within about a layer's size). Tensors and offsets do not depend on it.
+inline ParamLayout param_layout(const LlamaConfig& c, int vocab_pieces = 1) {
     ParamLayout lay;
     lay.n_layers = c.n_layers;
     lay.tied = c.tied_embeddings;
-    const int k = vocab_piece_count(c);
+    const int k = vocab_piece_count(c, vocab_pieces);
     for (int p = 0; p <= k; p++)
         lay.piece_row.push_back(p == k ? c.vocab : std::min<int64_t>(c.vocab, align_up((int64_t)c.vocab * p / k, PIECE_ROWS)));
     int64_t off = 0;
     auto add = [&](ParamKind kind, int layer, int unit, int64_t rows, int64_t cols, bool decay) {
-        lay.tensors.push_back({kind, layer, unit, off, rows, cols, decay});
+        lay.tensors.push_back(
+            {.kind = kind, .layer = layer, .unit = unit, .offset = off, .rows = rows, .cols = cols, .decay = decay});
         off = align_up(off + rows * cols, PARAM_ALIGN);
     };
     auto begin_unit = [&](int64_t at) {  // the next unit starts at element `at`: its index

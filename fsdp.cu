@@ -5,9 +5,9 @@
 // gradient and the two AdamW moments. The bf16 weights that the GEMMs read exist only for the
 // units in use: a unit's bf16 copy is made from the fp32 master just before the unit is used,
 // into one of two unit slots (the one in use and the next, prepared ahead on the communication
-// stream while compute runs). A unit is a layer, the final norm, or a piece of vocabulary rows
-// of the embedding or of the untied LM head (common.h param_layout): the pieces keep every unit
-// within about a layer's size, so the slots hold a layer.
+// stream while compute runs). A unit is a layer, the final norm, the embedding or the untied LM
+// head (common.h param_layout; stage 7's --vocab-pieces cuts those two into pieces of vocabulary
+// rows, savings.cu, so that the slots hold a layer).
 //
 // Replicated. Every GPU holds every parameter's model states. Each GPU trains on its own
 // sequences; once a unit's gradient is complete in the backward it is all-reduced (summed) on
@@ -26,8 +26,8 @@
 // plus communication buffers (category "comm"): the two unit slots in bf16 and two unit-sized
 // fp32 gradient buffers, used in turn (one accumulates while the other is reduce-scattered),
 //
-//     12 bytes x the largest unit          (a layer: 2.4 GiB for 8B; whole 128K-vocabulary
-//                                           tables would make it 5.9 GiB)
+//     12 bytes x the largest unit          (8B: a 128K-vocabulary table, 5.9 GiB; in vocabulary
+//                                           pieces, a layer, 2.4 GiB)
 //
 // To fill a slot, each GPU converts its fp32 shard to bf16 in its own place of the slot and the
 // slot is all-gathered in place; a slot is refilled only after the compute stream has released
@@ -39,22 +39,22 @@
 //
 // Cost: every step converts and gathers each unit in bf16 as often as the step uses it: the
 // layers twice (in the forward and in the backward), the embedding once (the lookup), the LM
-// head's pieces twice (the head's two passes, llama.cu lm_head_in_pieces; once with one piece),
-// a tied embedding once more per head pass. It reduce-scatters the gradients once in fp32. All of
-// it overlaps with compute except in the head, whose final norm holds one slot while its pieces
-// pass through the other. The conversion reads 4 and writes 2 bytes per parameter of this GPU's
+// head once (in pieces twice: the head's two passes, savings.cu lm_head_in_pieces), a tied
+// embedding once more per head pass. It reduce-scatters the gradients once in fp32. All of
+// it overlaps with compute except in the head, whose final norm holds one slot while the head's
+// unit (or its pieces) passes through the other. The conversion reads 4 and writes 2 bytes per parameter of this GPU's
 // share each time: about 6 x 2 x 8.0e9 / N bytes a step for 8B, milliseconds.
 //
 // Where --fsdp changes the step:
 //   llama.cu declare_model_states   model states hold this GPU's shards (fsdp_local_params)
 //   fsdp_declare_buffers            the unit slots are gathered (comm), two unit-gradient slots
-//   llama.cu model_forward_backward, embedding_lookup(_backward), head_forward_backward,
-//            lm_head_whole, lm_head_in_pieces
+//   llama.cu forward_layers, backward_layers, embedding_lookup(_backward), head_forward_backward,
+//            lm_head_whole; savings.cu lm_head_in_pieces
 //                                   fsdp_grad_begin / fsdp_grad_end around each unit's
 //                                   backward (the reduce-scatter); fsdp_acquire / fsdp_release
 //                                   around each use of a unit's weights (both paths: the slots),
 //                                   in the order fsdp_unit_order lists, which fsdp_step_end checks
-//   offload.cu offload_before_layer_backward
+//   selective.cu selective_before_layer_backward
 //                                   fsdp_wait_gathered: a rebuilt input reads layer l-1's
 //                                   weights, gathered ahead, during layer l's turn
 //   llama.cu model_init_weights, model_optimizer_step
@@ -62,7 +62,7 @@
 //                                   (fsdp_segments); the gradient norm sums over the shards
 //   llama.cu model_allocate, model_free   fsdp_create / fsdp_destroy (events, slots zeroed)
 //   fill_slot                       under --sim-world, the other ranks' shards of a gathered unit
-//                                   are drawn from the seed (draw_other_shards)
+//                                   are drawn from the seed (comm.cu sim_world_draw_other_shards)
 //   files.cu                        each GPU reads and writes only its shards
 //   train.cpp dump_first_step       --dump gathers every gradient whole (fsdp_full_gradients)
 // Without --fsdp the same calls run the replicated path: the slots are filled by conversion
@@ -99,8 +99,7 @@ struct Fsdp {
 
 static int64_t shard_align(int world) { return (int64_t)world * 128; }
 
-static void describe(Fsdp& f, const LlamaConfig& c, bool sharded, int world, int rank) {
-    ParamLayout lay = param_layout(c);
+static void describe(Fsdp& f, const ParamLayout& lay, bool sharded, int world, int rank) {
     f.sharded = sharded, f.world = world, f.rank = rank;
     int64_t off = 0;
     for (int u = 0; u < lay.num_units(); u++) {
@@ -115,10 +114,10 @@ static void describe(Fsdp& f, const LlamaConfig& c, bool sharded, int world, int
     }
 }
 
-int64_t fsdp_local_params(const LlamaConfig& c, bool sharded, int world) {
-    if (!sharded) return param_layout(c).total;
+int64_t fsdp_local_params(const ParamLayout& lay, bool sharded, int world) {
+    if (!sharded) return lay.total;
     Fsdp f;
-    describe(f, c, true, world, 0);
+    describe(f, lay, true, world, 0);
     int64_t n = 0;
     for (int64_t s : f.shard) n += s;
     return n;
@@ -129,7 +128,7 @@ void fsdp_declare_buffers(Model& m, Arena& A) {
     Fsdp& f = *m.fsdp;
     f.padded.clear(), f.shard.clear(), f.shard_offset.clear();
     f.max_padded = f.max_shard = 0;
-    describe(f, m.cfg, m.opt.fsdp, m.world, m.comm ? m.comm->rank : 0);
+    describe(f, m.layout, m.opt.fsdp, m.world, m.comm ? m.comm->rank : 0);
     const int U = m.layout.num_units();
     m.unit_w.assign(U, nullptr);
     m.unit_g.assign(U, nullptr);
@@ -178,7 +177,7 @@ static void comm_after_compute(Model& m, cudaStream_t s) {
 }
 
 // The order in which the step acquires the units (llama.cu: embedding_lookup, the layers,
-// head_forward_backward and lm_head_in_pieces, the layers again). fsdp_step_end checks it.
+// head_forward_backward, or savings.cu lm_head_in_pieces, the layers again). fsdp_step_end checks it.
 std::vector<int> fsdp_unit_order(const Model& m) {
     const ParamLayout& lay = m.layout;
     const int L = m.cfg.n_layers, k = lay.vocab_pieces();
@@ -201,23 +200,6 @@ void fsdp_step_begin(Model& m, cudaStream_t s) {
     comm_after_compute(m, s);  // the optimizer has written the master weights about to be converted
 }
 
-// --sim-world: the gather brought only this rank's shard. The other ranks' shards of slot k get
-// what a real gather would bring at the start of training, unit u's initial weights (drawn from
-// the seed), not zeros: on 7/8 zeros the GEMMs and attention kernels multiply zeros, the GPU
-// draws less power, clocks higher under its power limit, and the emulated step runs faster than
-// a real rank's (docs/results.md has the measurement).
-static void draw_other_shards(Model& m, int k, int u) {
-    Fsdp& f = *m.fsdp;
-    const ParamLayout& lay = m.layout;
-    const int64_t begin = lay.unit_begin[u], end = lay.unit_begin[u + 1];  // the shards' padding is no tensor's
-    const int64_t own_lo = std::min(begin + f.rank * f.shard[u], end), own_hi = std::min(own_lo + f.shard[u], end);
-    for (const ParamTensor& t : lay.tensors)
-        for (auto [lo, hi] : {std::pair<int64_t, int64_t>{begin, own_lo}, {own_hi, end}}) {
-            const int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel());
-            if (a < b) init_param_values(m, t, a - t.offset, b - a, m.init_seed, nullptr, f.weight_slot[k] + (a - begin), m.comm_stream);
-        }
-}
-
 // Fill slot k with unit u's bf16 weights, on the communication stream: this GPU's fp32 master
 // (its shard, in the shard's place of the slot) converted, then under --fsdp gathered in place.
 static void fill_slot(Model& m, int k, int u) {
@@ -225,10 +207,10 @@ static void fill_slot(Model& m, int k, int u) {
     bf16* own = f.weight_slot[k] + (f.sharded ? (int64_t)f.rank * f.shard[u] : 0);
     convert_f32_to_bf16(own, m.master + f.shard_offset[u], f.shard[u], m.comm_stream);
     if (!f.sharded) return;
-    int mark = timeline_begin(m, m.comm_stream);
+    TimelineMark mark(m, m.comm_stream, "fsdp", "gather", u, f.shard[u] * (f.world - 1) * 2);
     m.comm_fsdp->all_gather(f.weight_slot[k], own, f.shard[u], DType::BF16, m.comm_stream);
-    if (m.comm_fsdp->simulated) draw_other_shards(m, k, u);  // in the gather's place on the timeline
-    timeline_end(m, mark, "fsdp", "gather", u, m.comm_stream, f.shard[u] * (f.world - 1) * 2);
+    if (m.comm_fsdp->simulated)  // comm.cu: what the other ranks' shards would bring, in the gather's place
+        sim_world_draw_other_shards(m, f.weight_slot[k], u, f.shard[u], f.rank, m.comm_stream);
 }
 
 // Start filling the next units of the order into free slots.
@@ -302,12 +284,11 @@ void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s) {
     if (!f.sharded) {  // replicated: sum the unit's gradient over the GPUs, once it is final
         if (m.world > 1 && last) {
             comm_after_compute(m, s);
-            int mark = timeline_begin(m, m.comm_stream);
+            // A ring all-reduce sends 2 (N - 1) / N of the buffer from each GPU.
+            TimelineMark mark(m, m.comm_stream, "fsdp", "all-reduce", u,
+                              2 * (m.world - 1) * m.layout.unit_size(u) * 4 / m.world);
             m.comm_fsdp->all_reduce(m.grad + m.layout.unit_begin[u], m.layout.unit_size(u), DType::F32,
                                     m.comm_stream);
-            // A ring all-reduce sends 2 (N - 1) / N of the buffer from each GPU.
-            timeline_end(m, mark, "fsdp", "all-reduce", u, m.comm_stream,
-                         2 * (m.world - 1) * m.layout.unit_size(u) * 4 / m.world);
         }
         return;
     }
@@ -317,9 +298,10 @@ void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s) {
     if (k < 0) throw std::logic_error("FSDP: grad_end without grad_begin");
     comm_after_compute(m, s);
     float* own = f.grad_slot[k] + (int64_t)f.rank * f.shard[u];  // in place: the sum of this GPU's shard lands here
-    int mark = timeline_begin(m, m.comm_stream);
-    m.comm_fsdp->reduce_scatter(own, f.grad_slot[k], f.shard[u], DType::F32, m.comm_stream);
-    timeline_end(m, mark, "fsdp", "reduce-scatter", u, m.comm_stream, f.shard[u] * (f.world - 1) * 4);
+    {
+        TimelineMark mark(m, m.comm_stream, "fsdp", "reduce-scatter", u, f.shard[u] * (f.world - 1) * 4);
+        m.comm_fsdp->reduce_scatter(own, f.grad_slot[k], f.shard[u], DType::F32, m.comm_stream);
+    }
     add_kernel<<<(unsigned)std::min<int64_t>((f.shard[u] + 255) / 256, 1 << 16), 256, 0, m.comm_stream>>>(
         m.grad + f.shard_offset[u], own, f.shard[u]);
     CUDA_CHECK_LAUNCH();

@@ -113,7 +113,7 @@ void linear_backward_weight(float* dW, const bf16* dy, const bf16* x, int64_t T,
                             int64_t out, cudaStream_t s);      // dW += dy^T x (fp32)
 
 // ---------------------------------------------------------------------------------------------
-// Element-wise and reduction kernels of the model (llama.cu). T = tokens, row-major [T, width].
+// Element-wise and reduction kernels of the model (kernels.cu). T = tokens, row-major [T, width].
 // x[t] = rows[tokens[t] - row0] for the tokens in [row0, row0 + n_rows) (one vocabulary piece of
 // the table); the other rows of x are left as they are.
 void embedding_forward(bf16* x, const int32_t* tokens, const bf16* rows, int64_t row0, int64_t n_rows, int64_t T,
@@ -187,6 +187,7 @@ void convert_f32_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t s);
 // Deterministic init: N(0, std) from a counter-based hash of (seed, index).
 // Value i is that of index index0 + i of the whole tensor (a shard draws its part of it).
 void init_normal(float* x, int64_t n, float stddev, uint64_t seed, cudaStream_t s, int64_t index0 = 0);
+void init_normal_bf16(bf16* x, int64_t n, float stddev, uint64_t seed, cudaStream_t s, int64_t index0 = 0);
 void init_constant(float* x, int64_t n, float value, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
@@ -228,12 +229,6 @@ void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, 
 void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s);
 // Select attention.cu's kernels for every call (--attention reference; tests and benches).
 void attention_use_reference(bool on);
-// Tests: the fast backward takes its blocks KV head by KV head from this many 128-row tiles of a
-// sequence, else tile by tile across the heads (0: the default, 128 tiles, i.e. 16K tokens).
-void attention_backward_kv_major_from(int64_t tiles);
-// Tests: the fused backward's counts of dQ adds start at -1, a value the order never reaches, so
-// its blocks wait forever; the waits' time limit must then end the launch with an error.
-void attention_fused_backward_break_order(bool on);
 bool attention_uses_hopper(const AttentionShape& sh);  // what the dispatch picks for this shape
 // The FLOPs of causal attention, the convention of docs/reference.md: forward 4*S*S*d*Hq/2 per sequence,
 // backward 2.5 x forward.
@@ -244,11 +239,20 @@ void attention_forward_reference(const AttentionForwardArgs& a, const AttentionS
 void attention_backward_reference(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s);
 void attention_delta(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s);
 // attention_hopper.cu: wgmma + TMA, warp-specialized (head dim 128, sm_90; the backward needs
-// delta given, out == nullptr).
+// delta given, out == nullptr). The backward's options say what it runs and how; the dispatch
+// above takes the defaults, benches and tests set them.
+struct HopperBackwardOptions {
+    int parts = 3;                    // bit 0: the dK/dV kernel, bit 1: the dQ kernel (with dq_accum: the
+                                      // fused kernel, then the conversion of its sums)
+    int64_t kv_major_from_tiles = 0;  // blocks KV head by KV head from sequences of this many 128-row tiles,
+                                      // else tile by tile across the heads (0: 128 tiles, 16K tokens)
+    bool unreachable_dq_counts = false;  // the fused kernel's counts of dQ adds start at -1, a value its
+                                         // order never reaches: its blocks wait until the waits' time limit
+                                         // ends the launch with an error (what a test checks)
+};
 void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
 void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s,
-                               int parts = 3);  // bit 0: the dK/dV kernel, bit 1: the dQ kernel
-                                                // (with dq_accum: the fused kernel, the conversion)
+                               const HopperBackwardOptions& opt = {});
 
 // ---------------------------------------------------------------------------------------------
 // The model on one GPU (llama.cu).
@@ -261,50 +265,66 @@ struct RunShape {
     int64_t first_position() const { return sp_rank * (seq / sp); }
 };
 
-// The memory techniques, one flag each (the ladder: docs/design.md).
+// The memory techniques, one flag each (the ladder: docs/design.md). Stages 1-6 are the talk's
+// techniques in their textbook form; stage 7 adds our own memory savings (savings.cu), each a
+// flag of its own; selective checkpointing within a host budget is one more (selective.cu).
 struct StepOptions {
-    bool fsdp = false;               // --fsdp: parameters, gradients, AdamW states sharded over GPUs
-    bool ulysses = false;            // --ulysses: one sequence split over GPUs, all-to-all around attention
-    bool ckpt = false;               // --ckpt: keep only block inputs, recompute each layer
-    bool selective = false;          // --ckpt=selective: also keep attention output and lse
-    bool offload = false;            // --offload: kept tensors in pinned host memory (needs ckpt)
-    bool chunked = false;            // --chunked: MLP, element-wise work and loss in token chunks
-    int untied = 0;                  // --untied[=K]: attention in chunks of K query heads per GPU (0: off)
+    // The talk: ladder stages 1-6.
+    bool fsdp = false;     // --fsdp: parameters, gradients, AdamW states sharded over GPUs
+    bool ulysses = false;  // --ulysses: one sequence split over GPUs, all-to-all around attention
+    bool ckpt = false;     // --ckpt: keep only block inputs, recompute each layer
+    bool offload = false;  // --offload: block inputs in pinned host memory (needs ckpt)
+    bool chunked = false;  // --chunked: MLP, element-wise work and loss in token chunks
+    int untied = 0;        // --untied[=K]: attention in chunks of K query heads per GPU (0: off)
+    // Beyond the talk: ladder stage 7, our memory savings (savings.cu).
+    int vocab_pieces = 1;             // --vocab-pieces[=N]: the embedding and LM head in N units of vocabulary
+                                      // rows (1: whole, as in the talk; 0: as few as keep each within a layer)
+    bool one_offload_slot = false;    // --one-offload-slot: block inputs staged through one device slot
+    bool grad_in_att_output = false;  // --grad-in-att-output: Untied's normalized-input gradient in the
+                                      // attention output's memory
+    bool dq_sums_in_staging = false;  // --dq-sums-in-staging: Untied's fused-backward dQ sums in its staging
+    // Beyond the talk: selective checkpointing within a host budget (selective.cu).
+    bool selective = false;        // --ckpt=selective: also keep attention outputs and lse
+    double host_mem_gib = 240;     // --host-mem-gib: pinned host memory per GPU that --offload may plan
+    double device_keep_gib = -1;   // --device-keep-gib: device memory =selective --offload may fill with
+                                   // attention outputs the host cannot hold (-1: what the cap leaves)
+    int rebuild_inputs = -1;       // --rebuild-inputs: at most this many block inputs =selective --offload
+                                   // rebuilds instead of keeping, for more attention outputs (-1: any)
+    // Kernels and chunk sizes.
     bool fused_attention = false;    // --attention fused: attention's backward adds dQ in an fp32 buffer
     int64_t chunk_tokens = 0;        // --chunk-tokens; 0: the hidden size (ALST's tile)
     int64_t loss_chunk_tokens = 0;   // 0: as many tokens as keep a chunk's logits near 1 GiB
-    double host_mem_gib = 240;       // --host-mem-gib: pinned host memory per GPU that --offload may plan
-    double device_keep_gib = -1;     // --device-keep-gib: device memory =selective --offload may fill with
-                                     // attention outputs the host cannot hold (-1: what the cap leaves)
-    int rebuild_inputs = -1;         // --rebuild-inputs: at most this many block inputs =selective --offload
-                                     // rebuilds instead of keeping, for more attention outputs (-1: any)
 };
 
 // How the step holds each kind of activation. The plain model keeps every activation of every
 // layer for the backward; each memory technique changes that in its own *_plan function, called
 // once from model_declare_buffers, and the buffers are then declared from the plan alone.
 enum class Hold {
-    PER_LAYER,  // one slot per layer, kept from the layer's forward to its backward
-    ON_HOST,    // kept per layer in pinned host memory, staged through one device slot (offload.cu)
-    SHARED,     // one slot for all layers, used by the layer at hand (a forward activation in
-                // a shared slot is recomputed in the backward: checkpointing.cu)
-    NONE,       // not in the plain model's buffers: a technique holds it in its own (ulysses.cu, untied.cu)
+    PER_LAYER,   // one slot per layer, kept from the layer's forward to its backward
+    ON_HOST,     // kept per layer in pinned host memory, staged through device slots (offload.cu,
+                 // selective.cu)
+    RECOMPUTED,  // not kept: one slot for all layers, refilled for each layer's backward by
+                 // running its forward again (checkpointing.cu)
+    ELSEWHERE,   // not in the plain model's buffers: a technique holds it in its own (untied.cu)
 };
 struct ActivationPlan {
     Hold x_in = Hold::PER_LAYER;        // block inputs: the residual stream entering each layer
+    int x_slots = 0;                    // x_in ON_HOST: the device slots they are staged through (offload.cu)
     Hold qkv = Hold::PER_LAYER;         // q, k (after RoPE), v: attention's input
     Hold att = Hold::PER_LAYER;         // attention output and its log-sum-exp
-    int att_host_layers = 0;            // att ON_HOST: layers 0 .. this - 1 keep theirs on the host, the
-                                        // last layer's stays in the slot, the others rerun attention,
+    int att_host_layers = 0;            // att ON_HOST (selective.cu): layers 0 .. this - 1 keep theirs on the
+                                        // host, the last layer's stays in its slot, the others rerun attention,
     int att_device_layers = 0;          // except these last of them (before the last layer): they keep
-                                        // theirs in their own device slots (offload.cu)
-    int x_rebuilt_layers = 0;           // x_in ON_HOST, =selective: layers 1, 3, .., 2n - 1 keep no block
-                                        // input; the backward rebuilds it from layer l-1's (offload.cu)
+                                        // theirs in their own device slots
+    int x_rebuilt_layers = 0;           // x_in ON_HOST, selective: layers 1, 3, .., 2n - 1 keep no block
+                                        // input; the backward rebuilds it from layer l-1's (selective.cu)
     Hold x_mid = Hold::PER_LAYER;       // the residual stream between attention and MLP
     Hold norms_mlp = Hold::PER_LAYER;   // xn1, xn2 (norm outputs, their rstd), h13, act (MLP)
-    Hold dqkv = Hold::SHARED;           // d q|k|v of this GPU's tokens
-    Hold datt = Hold::SHARED;           // d attention output, and delta = rowsum(d out * out)
-    Hold dq_sums = Hold::SHARED;        // the fused backward's fp32 dQ sums (--attention fused)
+    // The step's working buffers for attention's gradients, one for all layers; false where a
+    // technique holds them in its own buffers instead.
+    bool dqkv_buffer = true;            // d q|k|v of this GPU's tokens (Ulysses: its staging; Untied: chunks)
+    bool datt_buffer = true;            // d attention output and delta (Untied: per head chunk)
+    bool dq_sums_buffer = true;         // the fused backward's fp32 dQ sums (--dq-sums-in-staging: Untied's staging)
     int64_t chunk_rows = 0;             // tokens a layer works on at once: all of them, or a chunk
     int64_t loss_rows = 0;              // tokens the LM head and loss work on at once
 };
@@ -328,6 +348,7 @@ struct LayerActivations {
 };
 
 struct Offload;   // offload.cu
+struct Selective;  // selective.cu
 struct Timeline;  // timeline.cu
 struct Fsdp;      // fsdp.cu
 struct Ulysses;   // ulysses.cu
@@ -356,10 +377,10 @@ struct Model {
     bool owns_comm = false;
     bool pin_host = true;  // --offload's pinned host memory; a run of no steps plans it only
     int device_attention_layers = 0;  // =selective --offload: at most this many layers that the host
-                                      // cannot hold keep attention on the device (train.cpp: the cap's room)
+                                      // cannot hold keep attention on the device (the cap's room, selective.cu)
     cudaStream_t comm_stream = nullptr;
     int world = 1;                // GPUs of the run (simulated ones included)
-    uint64_t init_seed = 0;       // model_init_weights' seed: under --sim-world, fsdp.cu draws the
+    uint64_t init_seed = 0;       // model_init_weights' seed: under --sim-world, comm.cu draws the
                                   // other ranks' shards from it
     double comm_timeout_s = 600;  // a wait that sees no progress for this long ends the run
     // Watchdog: an event per layer and phase of the step; a wait resets its timeout whenever one
@@ -373,7 +394,8 @@ struct Model {
     std::shared_ptr<Fsdp> fsdp;        // shards and gathered slots (fsdp.cu; also the replicated bookkeeping)
     std::shared_ptr<Ulysses> ulysses;  // all-to-all staging, head-sharded buffers (ulysses.cu)
     std::shared_ptr<Untied> untied;    // one head chunk's buffers (untied.cu)
-    Offload* offload = nullptr;        // pinned host copies and their stream (offload.cu)
+    Offload* offload = nullptr;        // pinned host copies of the block inputs and their stream (offload.cu)
+    Selective* selective = nullptr;    // pinned host copies of attention outputs (selective.cu)
     Timeline* timeline = nullptr;      // --timeline's events (timeline.cu)
     // Activations
     std::vector<LayerActivations> layers;
@@ -463,17 +485,23 @@ void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaS
 // recomputation of --ckpt is not counted (MFU's convention).
 double model_step_flops(const LlamaConfig& cfg, const RunShape& shape);
 
-// The pieces of a layer that the techniques call again (llama.cu). Each works on tokens
-// [t0, t1) of this GPU; the layer walks its tokens in chunks of m.plan.chunk_rows.
-#define FOR_EACH_CHUNK(m, t0, t1)                                                                   \
-    for (int64_t t0 = 0, t1 = std::min((m).plan.chunk_rows, (m).shape.tokens());                   \
-         t0 < (m).shape.tokens(); t0 = t1, t1 = std::min(t1 + (m).plan.chunk_rows, (m).shape.tokens()))
+// The pieces of a layer that the techniques call again (llama.cu). Each per-token piece works on
+// tokens [t0, t1) of this GPU; a layer walks its tokens in chunks (chunked.cu).
 void attention_norm_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // xn1 = norm(x_in)
 void qkv_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);   // xn1, then q|k|v, RoPE
 void self_attention_forward(Model& m, int l, cudaStream_t s);  // att, lse from q, k, v: the whole sequence
+// The attention sub-block's forward: att, lse from x_in (q|k|v chunk by chunk, then attention; under
+// --untied, head chunk by head chunk: untied.cu).
+void attention_block_forward(Model& m, int l, cudaStream_t s);
 void attention_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // x_mid = x_in + att Wo^T
 void mlp_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // xn2, h13, act from x_mid
 void block_output_forward(Model& m, int l, cudaStream_t s);  // x_out from x_in and att: Wo, the MLP, every chunk
+// The head's pieces that its vocabulary pieces (savings.cu) call too.
+void final_norm_forward(Model& m, int64_t t0, int64_t n, cudaStream_t s);  // xnf, rstdf of tokens [t0, t0 + n)
+// dres rows [t0, t0 + n) = d loss / d x_final from dxnf = d loss / d norm(x_final) of those rows.
+void final_norm_backward(Model& m, int64_t t0, int64_t n, const bf16* dxnf, cudaStream_t s);
+float loss_grad_scale(const Model& m);  // 1 / the step's count of valid targets (the loss is their mean)
+ParamKind lm_head_kind(const Model& m);  // P_LM_HEAD, or P_EMBED with tied embeddings
 
 // ---------------------------------------------------------------------------------------------
 // Communicator (comm.cu): all traffic between GPUs. Three implementations: NCCL (one process
@@ -500,6 +528,10 @@ class Comm {
 };
 Comm* comm_single();
 Comm* comm_fake(int world);
+// --sim-world: a gather into `slot` brought only this rank's shard of unit u (shard elements at
+// rank x shard). The other ranks' shards get what a real gather would bring at the start of
+// training, unit u's initial weights drawn from the seed (comm.cu, with the emulated communicator).
+void sim_world_draw_other_shards(const Model& m, bf16* slot, int u, int64_t shard, int rank, cudaStream_t s);
 // NCCL over `world` processes. Rank 0 serves the unique id over TCP: on listen_fd if >= 0 (a
 // socket inherited from ./train --nproc), else on master_port; the others connect to
 // master_addr:master_port. Waits at most timeout_s for its peers.
@@ -519,7 +551,7 @@ void layer_all_to_all(Model& m, int l, void* out, const void* in, int64_t n, DTy
 // Parameters across GPUs (fsdp.cu): replicated (gradients all-reduced) or sharded (--fsdp).
 // A unit is a piece of the embedding, a layer, the final norm or a piece of the LM head
 // (common.h param_layout).
-int64_t fsdp_local_params(const LlamaConfig& c, bool sharded, int world);  // elements per GPU
+int64_t fsdp_local_params(const ParamLayout& lay, bool sharded, int world);  // elements per GPU
 void fsdp_declare_buffers(Model& m, Arena& A);  // the two bf16 unit slots (comm under --fsdp, else model), gradient slots
 void fsdp_create(Model& m);
 void fsdp_destroy(Model& m);
@@ -529,7 +561,7 @@ void fsdp_step_begin(Model& m, cudaStream_t s);
 void fsdp_acquire(Model& m, int u, cudaStream_t s);
 void fsdp_release(Model& m, int u, cudaStream_t s);
 // Weights of unit u, already gathered ahead into its slot, usable on the compute stream before
-// its turn (offload.cu's rebuilt inputs read layer l-1's during layer l's); acquire still follows.
+// its turn (selective.cu's rebuilt inputs read layer l-1's during layer l's); acquire still follows.
 void fsdp_wait_gathered(Model& m, int u, cudaStream_t s);
 // Gradients of unit u accumulate between grad_begin and grad_end; `last` marks the unit's last
 // contribution of the step (the tied embedding gets two: the LM head and the lookup).
@@ -578,40 +610,70 @@ void ulysses_delta(float* delta, const bf16* dout, int64_t ld_dout, const bf16* 
 void ulysses_transpose_delta(float* out, const float* in, int64_t B, int64_t S, int q, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
-// Activation checkpointing (checkpointing.cu): --ckpt, --ckpt=selective.
+// Activation checkpointing (checkpointing.cu): --ckpt.
 void checkpointing_plan(Model& m);
-// Whether layer l's backward finds its attention output and lse kept from the forward (no rerun).
-bool attention_kept(const Model& m, int l);
-// Backward, before layer l's: rebuild q, k, v and (full checkpointing) the attention output.
+// Backward, before layer l's: the attention sub-block's forward again, where its output was not kept.
 void recompute_attention(Model& m, int l, cudaStream_t s);
 // Backward, per chunk: rebuild what the chunk's backward reads and the plan did not keep.
 void recompute_attention_norm(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
 void recompute_mlp_inputs(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
-// CPU offload of the kept activations (offload.cu): --offload.
+// CPU offload of the block inputs (offload.cu): --offload.
 void offload_plan(Model& m);
-// Pinned host bytes the kept tensors need under --offload (0 otherwise).
-int64_t offload_host_bytes(const Model& m);
-// =selective: one layer's attention output and lse, in bytes (what keeping it on the device costs).
-int64_t offload_attention_bytes(const Model& m);
-// Layer l's own device slot for its kept attention output (att_device_layers), or -1: the staging slot.
-int offload_device_slot(const Model& m, int l);
-// =selective: whether layer l's block input stays off the host, rebuilt in the backward from
-// layer l-1's (x_rebuilt_layers); how many of layers 0 .. n-1 have theirs on the host.
-bool offload_input_rebuilt(const Model& m, int l);
-int offload_host_inputs(const Model& m, int n);
+int64_t offload_host_bytes(const Model& m);  // pinned host bytes of the block inputs (0 without --offload)
 void offload_create(Model& m);    // pinned buffers (once), copy stream, events
 void offload_destroy(Model& m);
 // The step's hooks; each does nothing without --offload.
 void offload_step_begin(Model& m, cudaStream_t s);
-void offload_save_block_input(Model& m, int l, cudaStream_t s);  // layer l's x_in is complete: copy it out
-void offload_before_layer_forward(Model& m, int l, cudaStream_t s);  // the att slot is free
-// Layer l's att, lse are complete (=selective: to the host); its MLP is about to write the layer's
-// output over the input in the one slot, once the input's copy is done.
-void offload_after_attention_forward(Model& m, int l, cudaStream_t s);
-void offload_after_layer_forward(Model& m, int l, cudaStream_t s);  // x_out is the next x_in: copy it out
-void offload_before_layer_backward(Model& m, int l, cudaStream_t s);  // l's kept tensors back in the slot
+void offload_save_block_input(Model& m, int l, cudaStream_t s);      // layer l's x_in is complete: copy it out
+void offload_before_layer_output(Model& m, int l, cudaStream_t s);   // the slot of layer l's x_out holds no
+                                                                     // input still on its way to the host
+void offload_after_layer_forward(Model& m, int l, cudaStream_t s);   // x_out is the next x_in: copy it out
+void offload_before_layer_backward(Model& m, int l, cudaStream_t s);  // l's x_in in its slot (two slots:
+                                                                      // l-1's on its way)
+// For selective.cu: copies on the copy stream, once the compute stream has reached this point;
+// layer l's block input from the host into its slot (s waits for it in offload_before_layer_backward),
+// or rebuilt there on the device.
+void offload_copy(Model& m, void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind, const char* what,
+                  int layer, cudaStream_t s);
+cudaStream_t offload_copy_stream(const Model& m);
+void offload_fetch_input(Model& m, int l, cudaStream_t s);
+void offload_input_written(Model& m, int l);
+
+// ---------------------------------------------------------------------------------------------
+// Selective checkpointing within a host budget (selective.cu): --ckpt=selective. Beyond the talk.
+void selective_plan(Model& m);
+// Whether layer l's backward finds its attention output and lse kept from the forward (no rerun).
+bool attention_kept(const Model& m, int l);
+// Layer l's own device slot for its kept attention output (att_device_layers), or -1.
+int selective_device_slot(const Model& m, int l);
+// Whether layer l's block input stays off the host, rebuilt in the backward from layer l-1's; how
+// many of layers 0 .. n-1 leave theirs off the host.
+bool selective_input_rebuilt(const Model& m, int l);
+int selective_inputs_rebuilt_below(const Model& m, int n);
+int64_t selective_host_bytes(const Model& m);       // pinned host bytes of the attention outputs kept there
+int64_t selective_attention_bytes(const Model& m);  // one layer's attention output and lse
+// The layers whose attention outputs fit in `room_bytes` of the device beyond the plan (at most --device-keep-gib).
+int selective_device_layers(const Model& m, double room_bytes);
+std::string selective_plan_text(const Model& m);  // which layers keep their attention output where
+void selective_declare_buffers(Model& m, Arena& A);  // the device's own slots of attention outputs
+void selective_create(Model& m);  // pinned host memory of the attention outputs (once), events
+void selective_destroy(Model& m);
+// The step's hooks; each does nothing without --ckpt=selective.
+void selective_before_attention(Model& m, int l, cudaStream_t s);   // the attention output's staging slot is free
+void selective_after_attention(Model& m, int l, cudaStream_t s);    // att, lse to the host
+void selective_recompute_attention(Model& m, int l, cudaStream_t s);  // q|k|v again; attention where not kept
+void selective_before_layer_backward(Model& m, int l, cudaStream_t s);  // att, lse back; a rebuilt input
+
+// ---------------------------------------------------------------------------------------------
+// Stage 7's memory savings (savings.cu), beyond the talk.
+void savings_plan(Model& m);
+bool untied_grad_in_att_output(const Model& m);  // --grad-in-att-output, where the output is wide enough
+void lm_head_in_pieces(Model& m, cudaStream_t s);  // --vocab-pieces: the LM head and loss, one piece at a time
+
+// Pinned host bytes of the step: offloaded block inputs and kept attention outputs.
+int64_t model_host_bytes(const Model& m);
 
 // ---------------------------------------------------------------------------------------------
 // The event timeline (timeline.cu): --timeline FILE. Marks of the last step, per stream, in ms
@@ -626,16 +688,33 @@ void timeline_enable(Model& m);
 void timeline_destroy(Model& m);
 void timeline_step_begin(Model& m, cudaStream_t s);
 void timeline_step_end(Model& m);
-// A mark's begin: -1 without a timeline or outside a step. `stream` and `what` are kept until the
-// timeline is read: string literals.
-int timeline_begin(Model& m, cudaStream_t s);
-void timeline_end(Model& m, int begin, const char* stream, const char* what, int layer, cudaStream_t s,
-                  int64_t bytes = 0);
+// A mark from its construction to the end of its scope: the work queued on s in between, which
+// does `what` for layer l (fsdp marks: the unit) and moves `bytes`. `stream` and `what` are kept
+// until the timeline is read: string literals. Without a timeline, or outside a step, nothing.
+class TimelineMark {
+  public:
+    TimelineMark(Model& m, cudaStream_t s, const char* stream, const char* what, int layer, int64_t bytes = 0);
+    ~TimelineMark();
+    TimelineMark(const TimelineMark&) = delete;
+    TimelineMark& operator=(const TimelineMark&) = delete;
+
+  private:
+    Model& m_;
+    cudaStream_t s_;
+    const char *stream_, *what_;
+    int layer_, begin_;
+    int64_t bytes_;
+};
 std::vector<TimelineEntry> timeline_read(Model& m);
 
 // ---------------------------------------------------------------------------------------------
-// Chunked sequence training (chunked.cu): --chunked.
+// Chunked sequence training (chunked.cu): --chunked. The loops a layer and the head walk their
+// tokens with: one chunk of all of them without --chunked.
 void chunked_plan(Model& m);
+// f(t0, t1) for each chunk [t0, t1) of m.plan.chunk_rows of this GPU's tokens.
+void for_each_token_chunk(const Model& m, const std::function<void(int64_t t0, int64_t t1)>& f);
+// f(t0, n) for each chunk of m.plan.loss_rows tokens, n of them from t0: the LM head's and the loss's.
+void for_each_loss_chunk(const Model& m, const std::function<void(int64_t t0, int64_t n)>& f);
 
 // ---------------------------------------------------------------------------------------------
 // Untied Ulysses (untied.cu): --untied[=K]. The attention sub-block in chunks of K query heads.

@@ -2,24 +2,23 @@
 //
 // A measuring tool, not a technique: it changes nothing the step computes. Each mark is a pair
 // of CUDA events recorded on the stream that does the work, so it times the work itself, not
-// the host that queued it:
+// the host that queued it. A mark is one line, and covers the rest of its scope:
 //
-//     int t = timeline_begin(m, s);
+//     TimelineMark mark(m, s, "compute", "attention forward", l);
 //     ... work queued on s ...
-//     timeline_end(m, t, "compute", "attention forward", l, s, bytes);
 //
 // Marks of one stream may nest (a layer's backward holds its attention's rerun, which holds the
 // attention kernel). bench/throughput.py adds them up per layer.
 //
 // Where the step is marked (without --timeline every call returns at once; marks are taken
 // between timeline_step_begin and timeline_step_end, at the start and end of the step):
-//   llama.cu      model_forward_backward: each layer's "forward" and "backward", with the FSDP
-//                 and offload waits around them, and the "head"; layer_forward: Wo, the residual
-//                 and the MLP over all token chunks ("mlp forward"); layer_backward:
-//                 recompute_attention ("attention rerun": what checkpointing reruns before the
-//                 backward, the attention forward where it was not kept, else at most q, k, v)
-//                 and the MLP's backward with the rerun of its inputs and Wo's gradients ("mlp
-//                 backward"); self_attention_*: the attention kernels
+//   llama.cu      forward_layers, backward_layers: each layer's "forward" and "backward", with
+//                 the FSDP and offload waits around them; model_forward_backward: the "head";
+//                 layer_forward: Wo, the residual and the MLP over all token chunks ("mlp
+//                 forward"); layer_backward: what checkpointing reruns before the backward
+//                 ("attention rerun": the attention forward where it was not kept, else at most
+//                 q, k, v) and the MLP's backward with the rerun of its inputs and Wo's gradients
+//                 ("mlp backward"); self_attention_*: the attention kernels
 //   untied.cu     each attention kernel ("attention forward", "attention backward")
 //   ulysses.cu    the same for plain Ulysses
 //   comm.cu       layer_all_to_all, Ulysses's and Untied's all-to-all among GPUs ("all-to-all",
@@ -27,7 +26,9 @@
 //   fsdp.cu       each unit's gather and reduce-scatter (or, replicated, all-reduce) on FSDP's
 //                 stream (stream "fsdp"; the layer field holds the unit, the bytes are those a
 //                 GPU exchanges with the others)
-//   offload.cu    each copy to or from the host, on the copy stream (stream "copy")
+//   offload.cu    each copy to or from the host, on the copy stream (stream "copy"; selective.cu's
+//                 copies of attention outputs too)
+//   selective.cu  a block input rebuilt before its layer's backward ("input rebuild")
 // Under --sim-world the collectives are local copies (comm.cu): their marks give their bytes,
 // and their times are those of the copies, not of a network.
 #include "llama.h"
@@ -80,16 +81,25 @@ void timeline_step_end(Model& m) {
     if (m.timeline) m.timeline->in_step = false;
 }
 
-int timeline_begin(Model& m, cudaStream_t s) {
-    if (!m.timeline || !m.timeline->in_step) return -1;
-    return record(*m.timeline, s);
+TimelineMark::TimelineMark(Model& m, cudaStream_t s, const char* stream, const char* what, int layer, int64_t bytes)
+    : m_(m), s_(s), stream_(stream), what_(what), layer_(layer), begin_(-1), bytes_(bytes) {
+    if (m.timeline && m.timeline->in_step) begin_ = record(*m.timeline, s);
 }
 
-void timeline_end(Model& m, int begin, const char* stream, const char* what, int layer, cudaStream_t s,
-                  int64_t bytes) {
-    if (!m.timeline || begin < 0) return;
-    Timeline& t = *m.timeline;
-    t.marks.push_back({stream, what, layer, begin, record(t, s), bytes});
+// The end is recorded as the scope closes, also when an error unwinds it; an error here is not
+// thrown from a destructor: the next CUDA call of the step reports it.
+TimelineMark::~TimelineMark() {
+    if (begin_ < 0 || !m_.timeline) return;
+    Timeline& t = *m_.timeline;
+    if (t.used == t.pool.size()) {
+        t.pool.push_back(nullptr);
+        if (cudaEventCreate(&t.pool.back()) != cudaSuccess) {
+            t.pool.pop_back();
+            return;
+        }
+    }
+    if (cudaEventRecord(t.pool[t.used], s_) != cudaSuccess) return;
+    t.marks.push_back({stream_, what_, layer_, begin_, (int)t.used++, bytes_});
 }
 
 std::vector<TimelineEntry> timeline_read(Model& m) {

@@ -19,101 +19,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 
 // =============================================================================================
-// Flags
-std::string usage_text() {
-    return "usage: train [flags]\n"
-           "\n"
-           "Model and data\n"
-           "  --config NAME        " + known_config_names() + " (default llama3.2-3b)\n"
-           "  --layers N           override the number of transformer layers\n"
-           "  --vocab-pieces N     units of vocabulary rows the embedding and LM head are cut into (default: as few as\n"
-           "                       keep each within about a layer's size, 3 for Llama 3.1 8B; 1 keeps the head in one pass)\n"
-           "  --seq-len N          tokens per sequence; suffixes K (x1024) and M (x1024^2), e.g. 8K, 3M (default 8K)\n"
-           "  --batch N            sequences per step (default 1)\n"
-           "  --task copy|random   synthetic data: copy = second half repeats the first (learnable only by\n"
-           "                       attending far back; only that half is scored), random = uniform tokens (default copy)\n"
-           "  --task-vocab N       synthetic tokens are drawn from [0, N) (default min(1024, vocabulary))\n"
-           "  --seed N             weights and data; the same seed gives the same losses (default 1234)\n"
-           "\n"
-           "Optimization (AdamW, fp32 master weights and moments, bf16 compute)\n"
-           "  --steps N            training steps (default 10)\n"
-           "  --lr X               peak learning rate (default 3e-4)\n"
-           "  --min-lr-ratio X     cosine decay ends at lr * X (default 0.1)\n"
-           "  --warmup N           linear warmup steps (default steps/10, at least 1)\n"
-           "  --weight-decay X     decoupled, matrices only (default 0.1)\n"
-           "  --grad-clip X        global gradient-norm clip, 0 = off (default 1.0)\n"
-           "\n"
-           "GPUs\n"
-           "  --nproc N            start N processes, one per visible GPU (under mpirun/srun: leave out, ranks come from them)\n"
-           "  --sim-world N        run rank 0's exact share of an N-GPU run on this one GPU (memory and compute per GPU;\n"
-           "                       collectives become local copies, the loss is meaningless)\n"
-           "  --comm-timeout-s X   a step waiting longer than this on its peers ends the run (default 600)\n"
-           "\n"
-           "Memory techniques (the ladder: docs/design.md; each computes the same loss and gradients)\n"
-           "  --stage N            turn on stages 1..N of the ladder: 1 --fsdp, 2 --ulysses, 3 --ckpt, 4 --offload, 5 --chunked,\n"
-           "                       6 --untied\n"
-           "  --ladder             every stage of the ladder: planned memory per GPU, fits or OOM, longest context under the\n"
-           "                       cap (default 80 GiB); without --plan each stage also runs (--steps steps, as a child\n"
-           "                       process) and its measured memory and step time are shown against the plan. Runs on the\n"
-           "                       talk's node unless --nproc or --sim-world says otherwise: 8 GPUs planned; measured, 8\n"
-           "                       processes where 8 GPUs are visible, else one GPU as rank 0 of 8 (--sim-world 8)\n"
-           "  --measure-layers N   with --ladder: run the stages' steps with N layers (full depth is planned)\n"
-           "  --confirm-longest    with --ladder: allocate each stage's longest context (and see 1K more refused)\n"
-           "  --fsdp               shard parameters, gradients and AdamW states over the GPUs (per layer, gathered when used)\n"
-           "  --ulysses            split one sequence over the GPUs; all-to-all to head-sharded attention and back\n"
-           "  --ckpt[=selective]   activation checkpointing: keep only block inputs and recompute each layer in\n"
-           "                       the backward (--ckpt=full says the same); =selective also keeps attention\n"
-           "                       outputs (no attention rerun)\n"
-           "  --offload            kept tensors live in pinned host memory, prefetched for the backward (implies --ckpt)\n"
-           "  --chunked            MLP, element-wise ops and the LM head + loss in token chunks\n"
-           "  --untied[=K]         Untied Ulysses: attention in chunks of K query heads per GPU, one reused buffer set\n"
-           "                       (default K = 1; implies --ckpt)\n"
-           "  --attention auto|fast|fused|reference  attention kernels: fast = attention_hopper.cu (wgmma + TMA; head\n"
-           "                       dim 128 on an sm_90 GPU, else the reference) with the lean backward (two kernels, no\n"
-           "                       extra buffer); fused = the same with dQ added in fp32 inside the dK/dV kernel (about\n"
-           "                       10% faster backward from 16K tokens, 4 bytes per dQ element more); reference =\n"
-           "                       attention.cu; auto (default) = fused where its dQ sums fit under the cap, else fast.\n"
-           "                       All are bit-reproducible; auto's choice depends on the free memory, so give fast or\n"
-           "                       fused to reproduce a run bit for bit elsewhere. --ladder plans and runs auto as fast\n"
-           "  --chunk-tokens N     tokens per chunk of a layer (default: the hidden size)\n"
-           "  --loss-chunk-tokens N  tokens per chunk of the LM head and loss (default: logits near 1 GiB)\n"
-           "\n"
-           "Files\n"
-           "  --init-from PATH     start from a Hugging Face checkpoint (model.safetensors, a directory, or a sharded index)\n"
-           "  --save-to DIR        at the end, write a Hugging Face checkpoint (model.safetensors + config.json) to DIR\n"
-           "  --save-dtype bf16|fp32  dtype of --save-to (default bf16)\n"
-           "  --data FILE          train on a token file (random windows; format in the README) instead of --task\n"
-           "  --state-dir DIR      the whole training state goes here, atomically, every --state-every steps\n"
-           "  --state-every N      save the training state every N steps (and at the last step)\n"
-           "  --resume             continue from the latest training state in --state-dir (fresh start if none)\n"
-           "\n"
-           "Memory and output\n"
-           "  --mem-cap-gib X      refuse what a card of X GiB could not hold (emulates an 80 GB H100 on an H200)\n"
-           "  --host-mem-gib X     pinned host memory per GPU that --offload may plan (default 240: one GPU's share of\n"
-           "                       an 8-GPU node's 2 TB); --ckpt=selective --offload keeps attention outputs for as\n"
-           "                       many layers as it holds, then for as many more as the device has room for under the\n"
-           "                       cap, and reruns attention for the rest\n"
-           "  --device-keep-gib X  device memory that --ckpt=selective --offload may fill with attention outputs the\n"
-           "                       host cannot hold (default: all the cap leaves, less 1 GiB; 0: none)\n"
-           "  --rebuild-inputs N   at most N block inputs that --ckpt=selective --offload leaves off the host, to keep\n"
-           "                       more attention outputs there: the backward rebuilds each from the layer below's input\n"
-           "                       and attention output (default: as many as keep more; 0: none)\n"
-           "  --plan               print the memory plan per category and exit (no GPU needed)\n"
-           "  --log FILE           write one JSON object per step (plus one for the setup) to FILE\n"
-           "  --dump FILE          write the first step's loss and every gradient (whole, float32) to FILE\n"
-           "  --timeline FILE      write the last step's event timeline as JSON: each layer's forward and backward,\n"
-           "                       its attention kernels, all-to-alls and MLP, FSDP's collectives, offload's copies\n"
-           "  --mem-trace FILE     write live memory per category (and pinned host) over the last step, as JSON lines\n"
-           "  --peak-tflops X      bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)\n"
-           "  --help               this text\n"
-           "\n"
-           "Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input, 3 out of memory.\n";
-}
-
+// Flags: one table, which --help prints and parse_options reads.
 std::vector<std::string> split_commas(const std::string& list) {
     std::vector<std::string> items;
     for (size_t pos = 0;;) {
@@ -163,95 +74,219 @@ static double parse_double(const std::string& flag, const std::string& value, do
     return v;
 }
 
-Options parse_options(int argc, char** argv) {
-    Options o;
-    for (int i = 0; i < argc; i++) o.argv.push_back(argv[i]);
-    for (int i = 1; i < argc; i++) {
-        std::string arg = argv[i], value;
-        bool has_value = false;
-        size_t eq = arg.find('=');
-        if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-            value = arg.substr(eq + 1);
-            arg = arg.substr(0, eq);
-            has_value = true;
+enum class Takes { NOTHING, VALUE, OPTIONAL_VALUE };
+// A flag: its name, whether and how it takes a value (shown as `shape` in --help), its section
+// of --help and its text there (lines after the first are continued below it), and what it sets
+// (nullptr: a line of --help only, for a value of a flag listed elsewhere).
+struct Flag {
+    const char* name;
+    Takes takes;
+    const char* shape;
+    int section;
+    const char* help;
+    std::function<void(Options& o, const std::string& flag, const std::string& value)> set;
+};
+
+static const char* SECTIONS[] = {
+    "Model and data",
+    "Optimization (AdamW, fp32 master weights and moments, bf16 compute)",
+    "GPUs",
+    "The talk's memory techniques (ladder stages 1-6: docs/design.md; each computes the same loss and gradients)",
+    "Beyond the talk (ladder stage 7, our memory savings: savings.cu; selective checkpointing: selective.cu)",
+    "Kernels",
+    "Files",
+    "Memory and output",
+};
+
+using V = const std::string&;  // a flag's value, as given
+static const std::vector<Flag>& flags() {
+    static const std::vector<Flag> table = {
+        {"--config", Takes::VALUE, " NAME", 0, "known: see below (default llama3.2-3b)", [](Options& o, V, V v) { o.config = v; }},
+        {"--layers", Takes::VALUE, " N", 0, "override the number of transformer layers",
+         [](Options& o, V f, V v) { o.layers = (int)parse_int(f, v, 1, 100000); }},
+        {"--seq-len", Takes::VALUE, " N", 0, "tokens per sequence; suffixes K (x1024) and M (x1024^2), e.g. 8K, 3M (default 8K)",
+         [](Options& o, V f, V v) { o.seq_len = parse_tokens(f, v); }},
+        {"--batch", Takes::VALUE, " N", 0, "sequences per step (default 1)", [](Options& o, V f, V v) { o.batch = (int)parse_int(f, v, 1, 1 << 20); }},
+        {"--task", Takes::VALUE, " copy|random", 0,
+         "synthetic data: copy = second half repeats the first (learnable only by\n"
+         "attending far back; only that half is scored), random = uniform tokens (default copy)",
+         [](Options& o, V, V v) { o.task = v; }},
+        {"--task-vocab", Takes::VALUE, " N", 0, "synthetic tokens are drawn from [0, N) (default min(1024, vocabulary))",
+         [](Options& o, V f, V v) { o.task_vocab = (int)parse_int(f, v, 2, 1 << 30); }},
+        {"--seed", Takes::VALUE, " N", 0, "weights and data; the same seed gives the same losses (default 1234)",
+         [](Options& o, V f, V v) { o.seed = (uint64_t)parse_int(f, v, 0, INT64_MAX); }},
+        {"--steps", Takes::VALUE, " N", 1, "training steps (default 10)", [](Options& o, V f, V v) { o.steps = (int)parse_int(f, v, 0, 1 << 30); }},
+        {"--lr", Takes::VALUE, " X", 1, "peak learning rate (default 3e-4)", [](Options& o, V f, V v) { o.lr = parse_double(f, v, 0.0, 10.0); }},
+        {"--min-lr-ratio", Takes::VALUE, " X", 1, "cosine decay ends at lr * X (default 0.1)",
+         [](Options& o, V f, V v) { o.min_lr_ratio = parse_double(f, v, 0.0, 1.0); }},
+        {"--warmup", Takes::VALUE, " N", 1, "linear warmup steps (default steps/10, at least 1)",
+         [](Options& o, V f, V v) { o.warmup = (int)parse_int(f, v, 0, 1 << 30); }},
+        {"--weight-decay", Takes::VALUE, " X", 1, "decoupled, matrices only (default 0.1)",
+         [](Options& o, V f, V v) { o.weight_decay = parse_double(f, v, 0.0, 10.0); }},
+        {"--grad-clip", Takes::VALUE, " X", 1, "global gradient-norm clip, 0 = off (default 1.0)",
+         [](Options& o, V f, V v) { o.grad_clip = parse_double(f, v, 0.0, 1e9); }},
+        {"--nproc", Takes::VALUE, " N", 2, "start N processes, one per visible GPU (under mpirun/srun: leave out, ranks come from them)",
+         [](Options& o, V f, V v) { o.nproc = (int)parse_int(f, v, 1, 4096), o.gpus_given = true; }},
+        {"--sim-world", Takes::VALUE, " N", 2,
+         "run rank 0's exact share of an N-GPU run on this one GPU (memory and compute per GPU;\n"
+         "collectives become local copies, the loss is meaningless)",
+         [](Options& o, V f, V v) { o.sim_world = (int)parse_int(f, v, 1, 1 << 20), o.gpus_given = true; }},
+        {"--comm-timeout-s", Takes::VALUE, " X", 2, "a step waiting longer than this on its peers ends the run (default 600)",
+         [](Options& o, V f, V v) { o.comm_timeout_s = parse_double(f, v, 1.0, 1e7); }},
+        {"--stage", Takes::VALUE, " N", 3,
+         "turn on stages 1..N of the ladder: 1 --fsdp, 2 --ulysses, 3 --ckpt, 4 --offload, 5 --chunked,\n"
+         "6 --untied (the talk), 7 our memory savings (below)",
+         [](Options& o, V f, V v) { o.stage = (int)parse_int(f, v, 0, 7); }},
+        {"--ladder", Takes::NOTHING, "", 3,
+         "every stage of the ladder: planned memory per GPU, fits or OOM, longest context under the\n"
+         "cap (default 80 GiB); without --plan each stage also runs (--steps steps, as a child\n"
+         "process) and its measured memory and step time are shown against the plan. Runs on the\n"
+         "talk's node unless --nproc or --sim-world says otherwise: 8 GPUs planned; measured, 8\n"
+         "processes where 8 GPUs are visible, else one GPU as rank 0 of 8 (--sim-world 8)",
+         [](Options& o, V, V) { o.ladder = true; }},
+        {"--measure-layers", Takes::VALUE, " N", 3, "with --ladder: run the stages' steps with N layers (full depth is planned)",
+         [](Options& o, V f, V v) { o.measure_layers = (int)parse_int(f, v, 1, 100000); }},
+        {"--confirm-longest", Takes::NOTHING, "", 3, "with --ladder: allocate each stage's longest context (and see 1K more refused)",
+         [](Options& o, V, V) { o.confirm_longest = true; }},
+        {"--fsdp", Takes::NOTHING, "", 3, "shard parameters, gradients and AdamW states over the GPUs (per layer, gathered when used)",
+         [](Options& o, V, V) { o.step.fsdp = true; }},
+        {"--ulysses", Takes::NOTHING, "", 3, "split one sequence over the GPUs; all-to-all to head-sharded attention and back",
+         [](Options& o, V, V) { o.step.ulysses = true; }},
+        {"--ckpt", Takes::OPTIONAL_VALUE, "[=full]", 3,
+         "activation checkpointing: keep only block inputs and recompute each layer in the backward",
+         [](Options& o, V f, V v) {
+             if (!v.empty() && v != "selective" && v != "full")
+                 usage_error(f + " takes no value, or =selective, or =full; got '" + v + "'");
+             o.step.ckpt = true, o.step.selective = v == "selective";
+         }},
+        {"--offload", Takes::NOTHING, "", 3, "block inputs live in pinned host memory, prefetched for the backward (implies --ckpt)",
+         [](Options& o, V, V) { o.step.offload = true; }},
+        {"--chunked", Takes::NOTHING, "", 3, "MLP, element-wise ops and the LM head + loss in token chunks",
+         [](Options& o, V, V) { o.step.chunked = true; }},
+        {"--untied", Takes::OPTIONAL_VALUE, "[=K]", 3,
+         "Untied Ulysses: attention in chunks of K query heads per GPU, one reused buffer set\n"
+         "(default K = 1; implies --ckpt)",
+         [](Options& o, V f, V v) { o.step.untied = v.empty() ? 1 : (int)parse_int(f, v, 1, 1 << 16); }},
+        {"--chunk-tokens", Takes::VALUE, " N", 3, "tokens per chunk of a layer (default: the hidden size)",
+         [](Options& o, V f, V v) { o.step.chunk_tokens = parse_tokens(f, v); }},
+        {"--loss-chunk-tokens", Takes::VALUE, " N", 3, "tokens per chunk of the LM head and loss (default: logits near 1 GiB)",
+         [](Options& o, V f, V v) { o.step.loss_chunk_tokens = parse_tokens(f, v); }},
+        {"--vocab-pieces", Takes::OPTIONAL_VALUE, "[=N]", 4,
+         "the embedding and LM head in N units of vocabulary rows (default: as few as keep each\n"
+         "within about a layer's size, 3 for Llama 3.1 8B); FSDP's slots then hold a layer, and the\n"
+         "head takes two passes. Without it (or with N = 1) they are whole units, as in the talk",
+         [](Options& o, V f, V v) { o.step.vocab_pieces = v.empty() ? 0 : (int)parse_int(f, v, 1, 1 << 20), o.vocab_pieces_given = true; }},
+        {"--one-offload-slot", Takes::NOTHING, "", 4,
+         "with --offload: the block inputs staged through one device slot, not two; the MLP writes a\n"
+         "layer's output over its input, and the backward cannot fetch the next input ahead",
+         [](Options& o, V, V) { o.step.one_offload_slot = true; }},
+        {"--grad-in-att-output", Takes::NOTHING, "", 4,
+         "with --untied: the gradient of the normalized input in the attention output's memory\n"
+         "(every head chunk's delta taken first)",
+         [](Options& o, V, V) { o.step.grad_in_att_output = true; }},
+        {"--dq-sums-in-staging", Takes::NOTHING, "", 4,
+         "with --untied and the fused backward: its fp32 dQ sums in the all-to-all staging",
+         [](Options& o, V, V) { o.step.dq_sums_in_staging = true; }},
+        {"--ckpt=selective", Takes::NOTHING, "", 4,
+         "selective checkpointing: also keep each layer's attention output and lse, so the backward\n"
+         "reruns q|k|v but not attention; with --offload on the host within --host-mem-gib, then on\n"
+         "the device in the room the cap leaves, and the other layers rerun attention", nullptr},
+        {"--host-mem-gib", Takes::VALUE, " X", 4,
+         "pinned host memory per GPU that --offload may plan (default 240: one GPU's share of an\n"
+         "8-GPU node's 2 TB)",
+         [](Options& o, V f, V v) { o.step.host_mem_gib = parse_double(f, v, 0.0, 1e9); }},
+        {"--device-keep-gib", Takes::VALUE, " X", 4,
+         "device memory that --ckpt=selective --offload may fill with attention outputs the host\n"
+         "cannot hold (default: all the cap leaves, less 1 GiB; 0: none)",
+         [](Options& o, V f, V v) { o.step.device_keep_gib = parse_double(f, v, 0.0, 1e6); }},
+        {"--rebuild-inputs", Takes::VALUE, " N", 4,
+         "at most N block inputs that --ckpt=selective --offload leaves off the host, to keep more\n"
+         "attention outputs there: the backward rebuilds each from the layer below's input and\n"
+         "attention output (default: as many as keep more; 0: none)",
+         [](Options& o, V f, V v) { o.step.rebuild_inputs = (int)parse_int(f, v, 0, 1 << 20); }},
+        {"--attention", Takes::VALUE, " auto|fast|fused|reference", 5,
+         "fast = attention_hopper.cu (wgmma + TMA; head dim 128 on an\n"
+         "sm_90 GPU, else the reference) with the lean backward (two kernels, no extra buffer);\n"
+         "fused = the same with dQ added in fp32 inside the dK/dV kernel (about 10% faster backward\n"
+         "from 16K tokens, 4 bytes per dQ element more); reference = attention.cu; auto (default) =\n"
+         "fused where its dQ sums fit under the cap, else fast. All are bit-reproducible; auto's\n"
+         "choice depends on the free memory, so give fast or fused to reproduce a run bit for bit\n"
+         "elsewhere. --ladder plans and runs auto as fast",
+         [](Options& o, V f, V v) {
+             if (v != "auto" && v != "fast" && v != "fused" && v != "reference")
+                 usage_error(f + " must be 'auto', 'fast', 'fused' or 'reference', got '" + v + "'");
+             o.attention = v, o.step.fused_attention = v == "fused";
+         }},
+        {"--init-from", Takes::VALUE, " PATH", 6, "start from a Hugging Face checkpoint (model.safetensors, a directory, or a sharded index)",
+         [](Options& o, V, V v) { o.init_from = v; }},
+        {"--save-to", Takes::VALUE, " DIR", 6, "at the end, write a Hugging Face checkpoint (model.safetensors + config.json) to DIR",
+         [](Options& o, V, V v) { o.save_to = v; }},
+        {"--save-dtype", Takes::VALUE, " bf16|fp32", 6, "dtype of --save-to (default bf16)", [](Options& o, V, V v) { o.save_dtype = v; }},
+        {"--data", Takes::VALUE, " FILE", 6, "train on a token file (random windows; format in the README) instead of --task",
+         [](Options& o, V, V v) { o.data_path = v; }},
+        {"--state-dir", Takes::VALUE, " DIR", 6, "the whole training state goes here, atomically, every --state-every steps",
+         [](Options& o, V, V v) { o.state_dir = v; }},
+        {"--state-every", Takes::VALUE, " N", 6, "save the training state every N steps (and at the last step)",
+         [](Options& o, V f, V v) { o.state_every = (int)parse_int(f, v, 1, 1 << 30); }},
+        {"--resume", Takes::NOTHING, "", 6, "continue from the latest training state in --state-dir (fresh start if none)",
+         [](Options& o, V, V) { o.resume = true; }},
+        {"--mem-cap-gib", Takes::VALUE, " X", 7, "refuse what a card of X GiB could not hold (emulates an 80 GB H100 on an H200)",
+         [](Options& o, V f, V v) { o.mem_cap_gib = parse_double(f, v, 0.001, 1e6); }},
+        {"--plan", Takes::NOTHING, "", 7, "print the memory plan per category and exit (no GPU needed)", [](Options& o, V, V) { o.plan = true; }},
+        {"--log", Takes::VALUE, " FILE", 7, "write one JSON object per step (plus one for the setup) to FILE",
+         [](Options& o, V, V v) { o.log_path = v; }},
+        {"--dump", Takes::VALUE, " FILE", 7, "write the first step's loss and every gradient (whole, float32) to FILE",
+         [](Options& o, V, V v) { o.dump_path = v; }},
+        {"--timeline", Takes::VALUE, " FILE", 7,
+         "write the last step's event timeline as JSON: each layer's forward and backward,\n"
+         "its attention kernels, all-to-alls and MLP, FSDP's collectives, offload's copies",
+         [](Options& o, V, V v) { o.timeline_path = v; }},
+        {"--mem-trace", Takes::VALUE, " FILE", 7, "write live memory per category (and pinned host) over the last step, as JSON lines",
+         [](Options& o, V, V v) { o.mem_trace_path = v; }},
+        {"--peak-tflops", Takes::VALUE, " X", 7, "bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)",
+         [](Options& o, V f, V v) { o.peak_tflops = parse_double(f, v, 0.001, 1e6); }},
+        {"--help", Takes::NOTHING, "", 7, "this text", [](Options& o, V, V) { o.help = true; }},
+    };
+    return table;
+}
+
+std::string usage_text() {
+    std::string out = "usage: train [flags]\n";
+    for (int section = 0; section < (int)(sizeof SECTIONS / sizeof SECTIONS[0]); section++) {
+        out += std::string("\n") + SECTIONS[section] + "\n";
+        for (const Flag& f : flags()) {
+            if (f.section != section) continue;
+            std::string left = std::string("  ") + f.name + f.shape, text = f.help;
+            if (f.name == std::string("--config")) text = known_config_names() + " (default llama3.2-3b)";
+            left += left.size() < 23 ? std::string(23 - left.size(), ' ') : "  ";
+            for (size_t p = 0; (p = text.find('\n', p)) != std::string::npos; p += 24) text.insert(p + 1, 23, ' ');
+            out += left + text + "\n";
         }
-        auto need = [&]() -> std::string {
-            if (has_value) return value;
-            if (i + 1 >= argc) usage_error(arg + " needs a value");
-            return argv[++i];
-        };
-        auto flag_only = [&]() {
-            if (has_value) usage_error(arg + " takes no value");
-        };
-        if (arg == "--help" || arg == "-h") flag_only(), o.help = true;
-        else if (arg == "--plan") flag_only(), o.plan = true;
-        else if (arg == "--config") o.config = need();
-        else if (arg == "--layers") o.layers = (int)parse_int(arg, need(), 1, 100000);
-        else if (arg == "--vocab-pieces") o.vocab_pieces = (int)parse_int(arg, need(), 1, 1 << 20);
-        else if (arg == "--seq-len") o.seq_len = parse_tokens(arg, need());
-        else if (arg == "--batch") o.batch = (int)parse_int(arg, need(), 1, 1 << 20);
-        else if (arg == "--steps") o.steps = (int)parse_int(arg, need(), 0, 1 << 30);
-        else if (arg == "--lr") o.lr = parse_double(arg, need(), 0.0, 10.0);
-        else if (arg == "--min-lr-ratio") o.min_lr_ratio = parse_double(arg, need(), 0.0, 1.0);
-        else if (arg == "--warmup") o.warmup = (int)parse_int(arg, need(), 0, 1 << 30);
-        else if (arg == "--weight-decay") o.weight_decay = parse_double(arg, need(), 0.0, 10.0);
-        else if (arg == "--grad-clip") o.grad_clip = parse_double(arg, need(), 0.0, 1e9);
-        else if (arg == "--seed") o.seed = (uint64_t)parse_int(arg, need(), 0, INT64_MAX);
-        else if (arg == "--task") o.task = need();
-        else if (arg == "--task-vocab") o.task_vocab = (int)parse_int(arg, need(), 2, 1 << 30);
-        else if (arg == "--mem-cap-gib") o.mem_cap_gib = parse_double(arg, need(), 0.001, 1e6);
-        else if (arg == "--host-mem-gib") o.step.host_mem_gib = parse_double(arg, need(), 0.0, 1e9);
-        else if (arg == "--device-keep-gib") o.step.device_keep_gib = parse_double(arg, need(), 0.0, 1e6);
-        else if (arg == "--rebuild-inputs") o.step.rebuild_inputs = (int)parse_int(arg, need(), 0, 1 << 20);
-        else if (arg == "--peak-tflops") o.peak_tflops = parse_double(arg, need(), 0.001, 1e6);
-        else if (arg == "--log") o.log_path = need();
-        else if (arg == "--timeline") o.timeline_path = need();
-        else if (arg == "--mem-trace") o.mem_trace_path = need();
-        else if (arg == "--dump") o.dump_path = need();
-        else if (arg == "--init-from") o.init_from = need();
-        else if (arg == "--save-to") o.save_to = need();
-        else if (arg == "--save-dtype") o.save_dtype = need();
-        else if (arg == "--data") o.data_path = need();
-        else if (arg == "--state-dir") o.state_dir = need();
-        else if (arg == "--state-every") o.state_every = (int)parse_int(arg, need(), 1, 1 << 30);
-        else if (arg == "--resume") flag_only(), o.resume = true;
-        else if (arg == "--nproc") o.nproc = (int)parse_int(arg, need(), 1, 4096), o.gpus_given = true;
-        else if (arg == "--sim-world") o.sim_world = (int)parse_int(arg, need(), 1, 1 << 20), o.gpus_given = true;
-        else if (arg == "--comm-timeout-s") o.comm_timeout_s = parse_double(arg, need(), 1.0, 1e7);
-        else if (arg == "--fsdp") flag_only(), o.step.fsdp = true;
-        else if (arg == "--ulysses") flag_only(), o.step.ulysses = true;
-        else if (arg == "--stage") o.stage = (int)parse_int(arg, need(), 0, 6);
-        else if (arg == "--ladder") flag_only(), o.ladder = true;
-        else if (arg == "--measure-layers") o.measure_layers = (int)parse_int(arg, need(), 1, 100000);
-        else if (arg == "--confirm-longest") flag_only(), o.confirm_longest = true;
-        else if (arg == "--ckpt") {
-            if (has_value && value != "selective" && value != "full")
-                usage_error("--ckpt takes no value, or =selective, or =full; got '" + value + "'");
-            o.step.ckpt = true;
-            o.step.selective = has_value && value == "selective";
-        } else if (arg == "--offload") flag_only(), o.step.offload = true;
-        else if (arg == "--chunked") flag_only(), o.step.chunked = true;
-        else if (arg == "--untied") o.step.untied = has_value ? (int)parse_int(arg, value, 1, 1 << 16) : 1;
-        else if (arg == "--attention") {
-            o.attention = need();
-            if (o.attention != "auto" && o.attention != "fast" && o.attention != "fused" && o.attention != "reference")
-                usage_error("--attention must be 'auto', 'fast', 'fused' or 'reference', got '" + o.attention + "'");
-            o.step.fused_attention = o.attention == "fused";
-        } else if (arg == "--chunk-tokens") o.step.chunk_tokens = parse_tokens(arg, need());
-        else if (arg == "--loss-chunk-tokens") o.step.loss_chunk_tokens = parse_tokens(arg, need());
-        else usage_error("unknown flag '" + std::string(argv[i]) + "' (see --help)");
     }
+    return out + "\nExit codes: 0 ok, 1 runtime failure, 2 bad usage or input, 3 out of memory.\n";
+}
+
+static const Flag& find_flag(const std::string& name, const char* as_typed) {
+    for (const Flag& f : flags())
+        if (f.set && name == f.name) return f;
+    if (name == "-h") return find_flag("--help", as_typed);
+    usage_error("unknown flag '" + std::string(as_typed) + "' (see --help)");
+}
+
+// What the flags imply and what they cannot be given with; a usage error names the conflict.
+static void check_options(Options& o) {
     if (o.task != "copy" && o.task != "random")
         usage_error("--task must be 'copy' or 'random', got '" + o.task + "'");
-    if (o.task == "copy" && o.seq_len < 4)
-        usage_error("--task copy needs --seq-len of at least 4");
+    if (o.task == "copy" && o.seq_len < 4) usage_error("--task copy needs --seq-len of at least 4");
     if (o.seq_len > (int64_t)1 << 40) usage_error("--seq-len is beyond anything addressable");
-    const bool techniques = o.stage >= 0 || o.step.fsdp || o.step.ulysses || o.step.ckpt || o.step.offload ||
-                            o.step.chunked || o.step.untied;
+    const StepOptions& s = o.step;
+    const bool techniques = o.stage >= 0 || s.fsdp || s.ulysses || s.ckpt || s.offload || s.chunked || s.untied ||
+                            o.vocab_pieces_given || s.one_offload_slot || s.grad_in_att_output || s.dq_sums_in_staging;
     if (o.ladder && techniques)
-        usage_error("--ladder runs every stage itself (0 to 6): leave out --stage, --fsdp, --ulysses, --ckpt, "
-                    "--offload, --chunked and --untied");
+        usage_error("--ladder runs every stage itself (0 to 7): leave out --stage and the techniques' flags");
+    const int pieces = o.step.vocab_pieces;
     apply_stage(o.step, o.stage);
+    if (o.vocab_pieces_given) o.step.vocab_pieces = pieces;  // a count given beats stage 7's default
     if ((o.measure_layers || o.confirm_longest) && !o.ladder)
         usage_error("--measure-layers and --confirm-longest go with --ladder");
     if (o.nproc > 1 && o.sim_world > 1) usage_error("--nproc and --sim-world exclude each other");
@@ -260,20 +295,39 @@ Options parse_options(int argc, char** argv) {
                     "so --save-to and --dump have nothing whole to write");
     if (o.step.offload || o.step.untied) o.step.ckpt = true;  // both work on what checkpointing keeps
     if (o.save_dtype != "bf16" && o.save_dtype != "fp32") usage_error("--save-dtype must be bf16 or fp32");
-    if ((o.resume || o.state_every) && o.state_dir.empty())
-        usage_error("--resume and --state-every need --state-dir");
+    if ((o.resume || o.state_every) && o.state_dir.empty()) usage_error("--resume and --state-every need --state-dir");
     if ((o.step.chunk_tokens || o.step.loss_chunk_tokens) && !o.step.chunked)
         usage_error("--chunk-tokens and --loss-chunk-tokens need --chunked");
     if (!o.mem_trace_path.empty() && o.steps < 1) usage_error("--mem-trace traces a step: it needs --steps 1 or more");
+}
+
+Options parse_options(int argc, char** argv) {
+    Options o;
+    for (int i = 0; i < argc; i++) o.argv.push_back(argv[i]);
+    for (int i = 1; i < argc; i++) {
+        std::string name = argv[i], value;
+        const size_t eq = name.find('=');
+        const bool has_value = name.rfind("--", 0) == 0 && eq != std::string::npos;
+        if (has_value) value = name.substr(eq + 1), name = name.substr(0, eq);
+        const Flag& f = find_flag(name, argv[i]);
+        if (f.takes == Takes::NOTHING && has_value) usage_error(name + " takes no value");
+        if (f.takes == Takes::VALUE && !has_value) {
+            if (i + 1 >= argc) usage_error(name + " needs a value");
+            value = argv[++i];
+        }
+        const bool count_follows = i + 1 < argc && argv[i + 1][0] && std::string(argv[i + 1]).find_first_not_of("0123456789") == std::string::npos;
+        if (f.takes == Takes::OPTIONAL_VALUE && !has_value && count_follows) value = argv[++i];  // --untied 2
+        f.set(o, name, value);
+    }
+    check_options(o);
     return o;
 }
 
 LlamaConfig resolve_config(const Options& o) {
     LlamaConfig c = config_by_name(o.config);
     if (o.layers > 0) c.n_layers = o.layers;
-    if (o.vocab_pieces > 0) c.vocab_pieces = o.vocab_pieces;
-    if (c.vocab_pieces > c.vocab / PIECE_ROWS)
-        usage_error("--vocab-pieces " + std::to_string(c.vocab_pieces) + ": a piece holds at least " +
+    if (o.step.vocab_pieces > c.vocab / PIECE_ROWS)
+        usage_error("--vocab-pieces " + std::to_string(o.step.vocab_pieces) + ": a piece holds at least " +
                     std::to_string(PIECE_ROWS) + " of the " + std::to_string(c.vocab) + " vocabulary rows");
     // What the kernels assume: 16-byte vector accesses along D, F and V; head dim 64 or 128.
     if (c.dim % 8 || c.ffn_dim % 8 || c.vocab % 8)
@@ -347,7 +401,7 @@ MemoryPlan plan_memory(const LlamaConfig& cfg, const Options& o, int64_t seq_len
     m.shape.seq = seq_len;
     m.shape.sp = o.step.ulysses ? m.world : 1;
     model_declare_buffers(m, p.arena);
-    p.host_bytes = offload_host_bytes(m);
+    p.host_bytes = model_host_bytes(m);
     return p;
 }
 
@@ -376,9 +430,12 @@ static std::string next_stage_hint(const Options& o, int world) {
         const char* flag;
         bool on, helps;
     };
-    const Stage ladder[] = {{"--fsdp", o.step.fsdp, world > 1},       {"--ulysses", o.step.ulysses, world > 1},
-                            {"--ckpt", o.step.ckpt, true},            {"--offload", o.step.offload, true},
-                            {"--chunked", o.step.chunked, true},      {"--untied", o.step.untied > 0, true}};
+    const StepOptions& s = o.step;
+    const bool savings = s.vocab_pieces != 1 && s.one_offload_slot && s.grad_in_att_output && s.dq_sums_in_staging;
+    const Stage ladder[] = {{"--fsdp", s.fsdp, world > 1},       {"--ulysses", s.ulysses, world > 1},
+                            {"--ckpt", s.ckpt, true},            {"--offload", s.offload, true},
+                            {"--chunked", s.chunked, true},      {"--untied", s.untied > 0, true},
+                            {"--stage 7 (our memory savings)", savings, true}};
     for (const Stage& st : ladder)
         if (!st.on && st.helps) return "add " + std::string(st.flag) + ", or reduce --seq-len, --batch or --layers";
     return world > 1 ? "reduce --seq-len, --batch or --layers"
@@ -507,6 +564,10 @@ static std::string technique_flags(const StepOptions& s) {
     if (s.offload) flags += " --offload";
     if (s.chunked) flags += " --chunked";
     if (s.untied) flags += " --untied=" + std::to_string(s.untied);
+    if (s.vocab_pieces != 1) flags += s.vocab_pieces ? " --vocab-pieces=" + std::to_string(s.vocab_pieces) : " --vocab-pieces";
+    if (s.one_offload_slot) flags += " --one-offload-slot";
+    if (s.grad_in_att_output) flags += " --grad-in-att-output";
+    if (s.dq_sums_in_staging) flags += " --dq-sums-in-staging";
     return flags.empty() ? "" : flags.substr(1);
 }
 
@@ -634,7 +695,7 @@ static void plan_run(Run& r) {
     ulysses_check(r.cfg, m.shape);
     untied_check(r.cfg, m.shape, o.step.untied);
     model_declare_buffers(m, r.arena);
-    r.host_bytes = offload_host_bytes(m);
+    r.host_bytes = model_host_bytes(m);
     r.dp = o.step.ulysses ? 1 : r.world;
     r.step_tokens = (int64_t)o.batch * r.dp * o.seq_len;
 }
@@ -658,22 +719,9 @@ static void print_run(const Run& r) {
 
 // =selective --offload: which layers keep their attention output where, and which rerun it.
 static void print_attention_plan(const Run& r) {
-    const ActivationPlan& p = r.m.plan;
-    if (p.att != Hold::ON_HOST || !r.lead) return;
-    const int L = r.cfg.n_layers, K = p.att_host_layers, D = p.att_device_layers;
-    auto layers = [](int a, int b) {  // layers a..b
-        return a > b ? std::string("none") : a == b ? std::to_string(a) : std::to_string(a) + "-" + std::to_string(b);
-    };
-    const std::string on_device = D > 0 ? layers(L - 1 - D, L - 2) + " on the device, " : "";
-    const int rerun = L - 1 - D - K, n = p.x_rebuilt_layers;
-    const std::string rebuilt = n == 0   ? ""
-                                : n == 1 ? "; block input rebuilt for layer 1"
-                                : n == 2 ? "; block inputs rebuilt for layers 1 and 3"
-                                         : "; block inputs rebuilt for layers 1, 3, .., " + std::to_string(2 * n - 1);
-    printf("selective checkpointing within --host-mem-gib %.4g: attention kept for %d of %d layers (%s on the host, "
-           "%s%d in its slot), rerun for %s%s%s\n",
-           r.o.step.host_mem_gib, K + D + 1, L, layers(0, K - 1).c_str(), on_device.c_str(), L - 1,
-           rerun > 1 ? "layers " : rerun == 1 ? "layer " : "", layers(K, L - 2 - D).c_str(), rebuilt.c_str());
+    if (r.m.plan.att != Hold::ON_HOST || !r.lead) return;
+    printf("selective checkpointing within --host-mem-gib %.4g: %s\n", r.o.step.host_mem_gib,
+           selective_plan_text(r.m).c_str());
 }
 
 // =selective --offload: the layers whose attention output the host cannot hold keep it on the
@@ -684,18 +732,15 @@ static void print_attention_plan(const Run& r) {
 // backward (a quarter of a forward per layer), so it wins from about eight layers up.
 constexpr double DEVICE_KEEP_MARGIN_GIB = 1.0;
 static int device_attention_room(const Run& r, int64_t cap_bytes, int64_t runtime_bytes) {
-    const Model& m = r.m;  // its plan keeps none on the device yet (plan_run)
-    if (m.plan.att != Hold::ON_HOST) return 0;
-    double room = (double)(cap_bytes - runtime_bytes - r.arena.total()) - DEVICE_KEEP_MARGIN_GIB * GiB;
-    if (r.o.step.device_keep_gib >= 0) room = std::min(room, r.o.step.device_keep_gib * GiB);
-    return (int)std::clamp(room / (double)offload_attention_bytes(m), 0.0, (double)r.cfg.n_layers);
+    // The model's plan keeps none on the device yet (plan_run).
+    return selective_device_layers(r.m, (double)(cap_bytes - runtime_bytes - r.arena.total()) - DEVICE_KEEP_MARGIN_GIB * GiB);
 }
 static void keep_attention_layers_on_device(Run& r, int layers) {
     if (layers == r.m.device_attention_layers) return;
-    r.m.device_attention_layers = layers;  // offload_plan keeps at most those that would rerun
+    r.m.device_attention_layers = layers;  // selective_plan keeps at most those that would rerun
     r.arena = Arena();
     model_declare_buffers(r.m, r.arena);
-    r.host_bytes = offload_host_bytes(r.m);  // fewer inputs may be rebuilt now
+    r.host_bytes = model_host_bytes(r.m);  // fewer inputs may be rebuilt now
 }
 
 // Pinned host memory beyond --host-mem-gib is an out-of-memory, reported before a GPU is touched.
@@ -1157,6 +1202,12 @@ static void check_before_launch(const Options& o) {
     plan_run(r);
     check_host_memory(r);
     open_inputs(r);
+    const int visible = visible_gpus();  // none: each process says so in one line (no_gpu_error)
+    if (visible > 0 && visible < o.nproc)
+        usage_error("--nproc " + std::to_string(o.nproc) + " starts one process per GPU, but this machine shows " +
+                    std::to_string(visible) + " GPU" + (visible > 1 ? "s" : "") +
+                    " (CUDA_VISIBLE_DEVICES); --sim-world " + std::to_string(o.nproc) +
+                    " runs rank 0's share of that many on one");
 }
 
 int train_main(int argc, char** argv) {

@@ -12,7 +12,6 @@
 struct Options {
     std::string config = "llama3.2-3b";
     int layers = -1;            // -1: the config's depth
-    int vocab_pieces = 0;       // 0: the layout's choice (common.h vocab_piece_count)
     int64_t seq_len = 8192;     // tokens per sequence
     int batch = 1;              // sequences per step
     int steps = 10;
@@ -26,13 +25,14 @@ struct Options {
     int task_vocab = -1;        // synthetic tokens are drawn from [0, task_vocab); -1: min(1024, vocab)
     double mem_cap_gib = 0;     // 0: no cap beyond the card
     double peak_tflops = 0;     // MFU denominator; 0: from the GPU's name
-    StepOptions step;           // --ckpt, --offload, --chunked, chunk sizes
+    StepOptions step;           // the memory techniques, stage 7's savings, chunk sizes
     std::string attention = "auto";  // --attention: auto | fast | fused | reference (see --help)
     std::string timeline_path;  // --timeline: event timeline of the last step (timeline.cu)
     std::string dump_path;      // --dump: the first step's loss and every gradient
     int nproc = 1;              // --nproc: processes (GPUs) to start
     int sim_world = 0;          // --sim-world: emulate rank 0 of this many GPUs
     bool gpus_given = false;    // --nproc or --sim-world was given (else --ladder takes the talk's 8)
+    bool vocab_pieces_given = false;  // --vocab-pieces was given (its count beats --stage 7's default)
     double comm_timeout_s = 600;
     int stage = -1;             // --stage N
     bool ladder = false;        // --ladder: the memory ladder, stage by stage

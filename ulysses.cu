@@ -39,7 +39,7 @@
 //                    qkv_forward writes into the receive staging (qkv_of_tokens);
 //                    self_attention_forward/backward call ulysses_attention_forward/backward;
 //                    qkv_backward reads d q|k|v from the send staging (dqkv_of_tokens)
-//   checkpointing.cu under --ckpt=selective the recomputed q|k|v goes head-sharded again
+//   selective.cu     under --ckpt=selective the recomputed q|k|v goes head-sharded again
 //                    (ulysses_qkv_to_heads) for the attention backward
 // Untied Ulysses (untied.cu) replaces all of this with head chunks and buffers of its own.
 #include <algorithm>
@@ -80,7 +80,7 @@ void ulysses_check(const LlamaConfig& c, const RunShape& sh) {
 void ulysses_plan(Model& m) {
     if (m.shape.sp <= 1 || m.opt.untied) return;  // --untied: untied.cu holds its own buffers
     m.ulysses = std::make_shared<Ulysses>();
-    m.plan.dqkv = Hold::NONE;  // it is unpacked into the send staging
+    m.plan.dqkv_buffer = false;  // it is unpacked into the send staging
 }
 
 void ulysses_declare_buffers(Model& m, Arena& A) {
@@ -259,10 +259,12 @@ void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
     LayerActivations& a = m.layers[l];
     const int64_t qd = (int64_t)g.q * g.d;
     ulysses_qkv_to_heads(m, l, s);
-    AttentionForwardArgs fa{a.qkv, a.qkv + qd, a.qkv + qd + (int64_t)g.kv * g.d, g.WH, g.WH, g.WH, u.heads_out, qd, a.lse};
-    int mark = timeline_begin(m, s);
-    attention_forward(fa, ulysses_attention_shape(m), s);
-    timeline_end(m, mark, "compute", "attention forward", l, s);
+    const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + qd, .v = a.qkv + qd + (int64_t)g.kv * g.d, .ldq = g.WH,
+                                  .ldk = g.WH, .ldv = g.WH, .out = u.heads_out, .ldo = qd, .lse = a.lse};
+    {
+        TimelineMark mark(m, s, "compute", "attention forward", l);
+        attention_forward(fa, ulysses_attention_shape(m), s);
+    }
     // Head-sharded output -> token-sharded a.att [T, Hq d]: rows of GPU j's tokens go to GPU j.
     layer_all_to_all(m, l, u.receive, u.heads_out, g.T * qd, DType::BF16, s);
     ulysses_blocks_to_columns(a.att, u.receive, g.T, g.sp, qd, g.sp * qd, 0, qd, s);
@@ -284,12 +286,15 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
     ulysses_transpose_delta(m.delta, u.delta_receive, 1, S, g.q, s);
     // Attention backward on S tokens x H/N heads; out = nullptr: delta is given.
     const int64_t kvd = (int64_t)g.kv * g.d;
-    AttentionBackwardArgs ba{a.qkv, a.qkv + qd, a.qkv + qd + kvd, nullptr, u.heads_out, g.WH, g.WH, g.WH, 0, qd,
-                             a.lse, u.heads_dqkv, u.heads_dqkv + qd, u.heads_dqkv + qd + kvd, g.WH, g.WH, g.WH, m.delta};
-    ba.dq_accum = m.dq_accum;
-    int mark = timeline_begin(m, s);
-    attention_backward(ba, ulysses_attention_shape(m), s);
-    timeline_end(m, mark, "compute", "attention backward", l, s);
+    const AttentionBackwardArgs ba{.q = a.qkv, .k = a.qkv + qd, .v = a.qkv + qd + kvd, .out = nullptr,
+                                   .dout = u.heads_out, .ldq = g.WH, .ldk = g.WH, .ldv = g.WH, .ldo = 0, .lddo = qd,
+                                   .lse = a.lse, .dq = u.heads_dqkv, .dk = u.heads_dqkv + qd,
+                                   .dv = u.heads_dqkv + qd + kvd, .lddq = g.WH, .lddk = g.WH, .lddv = g.WH,
+                                   .delta = m.delta, .dq_accum = m.dq_accum};
+    {
+        TimelineMark mark(m, s, "compute", "attention backward", l);
+        attention_backward(ba, ulysses_attention_shape(m), s);
+    }
     // Head-sharded dq, dk, dv -> token-sharded d q|k|v [T, QKV] in the send staging (replicated
     // KV heads summed), where qkv_backward reads it.
     layer_all_to_all(m, l, u.receive, u.heads_dqkv, g.T * g.WH, DType::BF16, s);

@@ -15,14 +15,12 @@
 //     all-to-all -> q [S, K d], k, v [S, kv d]; attention; lse of the chunk kept
 //     all-to-all back, straight into the chunk's columns of the one attention output [S/N, Hq d]
 //
-// The backward first takes delta = rowsum(d out * out) of every head from the token-sharded
-// attention output (d out = dres times the head's columns of Wo), the output's last use in the
-// layer: its memory then gathers the gradient of the normalized input. Then it repeats the
-// chunks: it recomputes the projections, computes the chunk's d out again straight into the send
-// blocks, runs the attention backward, sends dq back at once, and sums dK, dV over the chunks of
-// a KV group in place (the kernel adds to them) before sending them back. Projection weight
-// gradients and the gradient of the normalized input accumulate chunk by chunk (GEMMs with
-// beta = 1).
+// The backward repeats the chunks: it recomputes the projections, computes the chunk's d out
+// (dres times the chunk's columns of Wo) straight into the send blocks, takes the chunk's delta =
+// rowsum(d out * out) on the token-sharded side, runs the attention backward, sends dq back at
+// once, and sums dK, dV over the chunks of a KV group in place (the kernel adds to them) before
+// sending them back. Projection weight gradients and the gradient of the normalized input,
+// dxn1, accumulate chunk by chunk (GEMMs with beta = 1).
 //
 // Memory per GPU (S tokens in the sequence, N GPUs, d head dim, q = Hq/N query heads and
 // kv' = max(1, Hkv/N) KV heads per GPU, K heads per chunk with kv = max(1, K/group) KV heads;
@@ -35,28 +33,26 @@
 //                                                   chunk's q, out/d out, dq, k|v, dk|dv; lse
 //   all-to-all staging (comm category)
 //     plain:  2 x 2 S d (q + 2 kv') (+ 12 S q for delta)
-//     untied: 2 S d (2 K + 2 kv) + 4 S (q + K)  (the fused backward's fp32 dQ sums, 4 S K d, borrow
-//                                               the q and output blocks: no bytes more)
-//   the gradient of the normalized input, 2 (S/N) D, lives in the attention output's memory
-//   (dead by then; a buffer of its own only if Hq d < D), and the deltas of all heads take
-//   4 (S/N) Hq (the input itself is recomputed a token chunk at a time wherever a projection
-//   needs it).
+//     untied: 2 S d (2 K + 2 kv) + 4 S (q + K)
+//   the gradient of the normalized input, 2 (S/N) D ("other"), and the fused backward's dQ sums,
+//   4 S K d (--attention fused), each a buffer of its own (the input itself is recomputed a token
+//   chunk at a time wherever a projection needs it).
 // Llama 3.1 8B on 8 GPUs (q = 4, kv' = 1), K = 1: the attention term falls from 48 S d to 22 S d
 // bytes. The cost: q/K all-to-alls per direction instead of one, projection GEMMs of K d
-// columns, the projections recomputed in the backward, and Wo's input gradient computed twice
-// (2 (S/N) D Hq d FLOPs more per layer, for the deltas taken first).
+// columns, and the projections recomputed in the backward.
 //
 // Where --untied changes the step (train.cpp: it implies --ckpt):
 //   untied_plan        q|k|v, their gradient, d att and delta leave the plain model's buffers
 //                      (one head chunk's buffers here instead)
-//   llama.cu           layer_forward calls untied_attention_forward instead of qkv_forward and
-//                      self_attention_forward; layer_backward calls untied_attention_backward
-//                      after the MLP's backward; mlp_backward leaves d att to it
-//   checkpointing.cu   recompute_attention reruns untied_attention_forward (full checkpointing)
+//   llama.cu           attention_block_forward calls untied_attention_forward instead of
+//                      qkv_forward and self_attention_forward (so does checkpointing's rerun);
+//                      layer_backward calls untied_attention_backward after the MLP's backward;
+//                      mlp_backward leaves d att to it
 //   llama.cu           attention_call_shape: the fused backward's dQ sums hold one head chunk
 //   ulysses.cu         ulysses_plan stands down: none of plain Ulysses's buffers are declared
-//   llama.cu           declare_head_and_gradients: no dQ sums of its own (Hold::NONE), they are
-//                      the staging's
+// Beyond the talk (stage 7, savings.cu): --grad-in-att-output keeps dxn1 in the attention
+// output's memory, taking every chunk's delta first (untied_grad_in_att_output); --dq-sums-in-
+// staging puts the fused backward's dQ sums in the send and receive blocks (no dq_sums_buffer).
 #include <algorithm>
 
 #include "llama.h"
@@ -74,12 +70,11 @@ struct Untied {
     bool new_kv(int i) const { return i == 0 || (q_per_gpu >= group && (i * K) % group == 0); }
     bool last_of_kv(int i) const { return i == chunks - 1 || new_kv(i + 1); }
 
-    bool dxn1_in_att = false;  // d xn1 lives in the layer's attention output (Hq d >= D)
-    bf16* dxn1 = nullptr;     // [T, D] d xn1 (the normalized input) of all tokens, summed over chunks,
-                              // when it has a buffer of its own
+    bf16* dxn1 = nullptr;     // [T, D] d xn1 (the normalized input) of all tokens, summed over chunks
+                              // (nullptr under --grad-in-att-output: the attention output's memory)
     bf16* send = nullptr;     // [N][T, K d] the chunk's q for each destination GPU; then its d out
     bf16* receive = nullptr;  // [N][T, K d] the chunk's output from each GPU; then its dq (right
-                              // after send; both lend their memory to the fused backward's dQ sums)
+                              // after send; --dq-sums-in-staging: both hold the fused backward's dQ sums)
     bf16* kv_send = nullptr;  // [N][T, 2 kv d] k|v for each destination GPU; then dk|dv received
     bf16* heads_q = nullptr;    // [S, K d] the chunk's q, head-sharded
     bf16* heads_kv = nullptr;   // [S, 2 kv d] its k|v, head-sharded
@@ -105,10 +100,10 @@ int64_t v_row(const LlamaConfig& c, int g) { return (int64_t)(c.n_heads + c.n_kv
 // sequence). Calls f(t0, n, xn) for each chunk.
 template <class F>
 void for_each_normalized_chunk(Model& m, int l, F f, cudaStream_t s) {
-    FOR_EACH_CHUNK(m, t0, t1) {
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
         attention_norm_forward(m, l, t0, t1, s);
         f(t0, t1 - t0, m.layers[l].xn1);
-    }
+    });
 }
 
 // q of chunk i for every destination (and k | v of its KV heads when the chunk starts a new KV
@@ -185,26 +180,27 @@ void untied_plan(Model& m) {
     p.d = c.head_dim;
     p.D = c.dim;
     // Attention's inputs and gradients live in the chunk buffers below, not in the plain model's.
-    m.plan.qkv = m.plan.dqkv = m.plan.datt = Hold::NONE;
-    m.plan.dq_sums = Hold::NONE;  // the fused backward's dQ sums borrow the chunk's staging
+    m.plan.qkv = Hold::ELSEWHERE;
+    m.plan.dqkv_buffer = m.plan.datt_buffer = false;
 }
 
 void untied_declare_buffers(Model& m, Arena& A) {
     if (!m.untied) return;
     Untied& p = *m.untied;
     const int64_t w = p.K * p.d, kvw2 = 2 * p.kv * p.d, S = p.S;
-    p.dxn1_in_att = m.cfg.q_dim() >= m.cfg.dim;
-    if (!p.dxn1_in_att) p.dxn1 = A.take<bf16>("untied: d normalized input", MEM_OTHER, p.T * p.D);
-    // The send and receive blocks are one buffer, which also holds the fused backward's fp32 dQ
-    // sums (--attention fused): while attention's backward runs, neither block holds anything (d
-    // out has gone to heads_out, dq comes back after it).
-    const int64_t dq_sums = m.opt.fused_attention ? 2 * attention_dq_accum_floats(chunk_shape(p)) : 0;  // in bf16s
-    bf16* staging = A.take<bf16>(m.opt.fused_attention ? "untied: q / d out send, out / dq receive, dQ sums (fp32)"
-                                                         : "untied: q / d out send, out / dq receive",
+    p.dxn1 = nullptr;
+    if (!untied_grad_in_att_output(m)) p.dxn1 = A.take<bf16>("untied: d normalized input", MEM_OTHER, p.T * p.D);
+    // The send and receive blocks are one buffer. Under --dq-sums-in-staging (savings.cu) it also
+    // holds the fused backward's fp32 dQ sums: while attention's backward runs, neither block
+    // holds anything (d out has gone to heads_out, dq comes back after it).
+    const bool sums_here = m.opt.fused_attention && !m.plan.dq_sums_buffer;
+    const int64_t dq_sums = sums_here ? 2 * attention_dq_accum_floats(chunk_shape(p)) : 0;  // in bf16s
+    bf16* staging = A.take<bf16>(sums_here ? "untied: q / d out send, out / dq receive, dQ sums (fp32)"
+                                           : "untied: q / d out send, out / dq receive",
                                  MEM_COMM, std::max(2 * S * w, dq_sums));
     p.send = staging;
     p.receive = staging ? staging + S * w : nullptr;
-    if (m.opt.fused_attention) m.dq_accum = (float*)staging;
+    if (sums_here) m.dq_accum = (float*)staging;
     p.kv_send = A.take<bf16>("untied: k|v send (and dk|dv receive)", MEM_COMM, S * kvw2);
     p.heads_q = A.take<bf16>("untied: q, head-sharded", MEM_ATTENTION, S * w);
     p.heads_kv = A.take<bf16>("untied: k|v, head-sharded", MEM_ATTENTION, S * kvw2);
@@ -225,11 +221,12 @@ void untied_attention_forward(Model& m, int l, cudaStream_t s) {
     const int64_t w = p.K * p.d, kvw = p.kv * p.d;
     for (int i = 0; i < p.chunks; i++) {
         untied_project(m, p, l, i, s);
-        AttentionForwardArgs fa{p.heads_q, p.heads_kv, p.heads_kv + kvw, w, 2 * kvw, 2 * kvw, p.heads_out, w,
-                                a.lse + (int64_t)i * p.K * p.S};
-        int mark = timeline_begin(m, s);
-        attention_forward(fa, chunk_shape(p), s);
-        timeline_end(m, mark, "compute", "attention forward", l, s);
+        const AttentionForwardArgs fa{.q = p.heads_q, .k = p.heads_kv, .v = p.heads_kv + kvw, .ldq = w, .ldk = 2 * kvw,
+                                      .ldv = 2 * kvw, .out = p.heads_out, .ldo = w, .lse = a.lse + (int64_t)i * p.K * p.S};
+        {
+            TimelineMark mark(m, s, "compute", "attention forward", l);
+            attention_forward(fa, chunk_shape(p), s);
+        }
         // Back to token-sharded, into chunk i's columns of every GPU's share of the output.
         chunk_all_to_all(m, p, l, p.receive, p.heads_out, p.T * w, DType::BF16, s);
         ulysses_blocks_to_columns(a.att, p.receive, p.T, p.sp, w, c.q_dim(), (int64_t)i * w,
@@ -252,18 +249,86 @@ void chunk_dout(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
     }
 }
 
-// delta = rowsum(d out * out) of every chunk's heads, on the token-sharded side, into the
-// chunks' delta send blocks: the last read of the layer's attention output.
-void all_deltas(Model& m, const Untied& p, int l, cudaStream_t s) {
+// delta = rowsum(d out * out) of chunk i's heads, on the token-sharded side, from the d out in
+// the send blocks and the output's columns, into the chunk's delta send blocks.
+void chunk_deltas(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
     const int64_t w = p.K * p.d, QD = m.cfg.q_dim();
+    for (int j = 0; j < p.sp; j++) {
+        const int64_t col = q_row(m.cfg, p.q_first(j, i));
+        ulysses_delta(p.delta_send + ((int64_t)i * p.sp + j) * p.T * p.K, p.send + (int64_t)j * p.T * w, w,
+                      m.layers[l].att + col, QD, p.T, p.K, (int)p.d, s);
+    }
+}
+
+// --grad-in-att-output (savings.cu): every chunk's delta first, the last read of the layer's
+// attention output, whose memory then gathers dxn1 (each chunk's d out is computed again later).
+void all_deltas(Model& m, const Untied& p, int l, cudaStream_t s) {
     for (int i = 0; i < p.chunks; i++) {
         chunk_dout(m, p, l, i, s);
-        for (int j = 0; j < p.sp; j++) {
-            const int64_t col = q_row(m.cfg, p.q_first(j, i));
-            ulysses_delta(p.delta_send + ((int64_t)i * p.sp + j) * p.T * p.K, p.send + (int64_t)j * p.T * w, w,
-                          m.layers[l].att + col, QD, p.T, p.K, (int)p.d, s);
-        }
+        chunk_deltas(m, p, l, i, s);
     }
+}
+
+}  // namespace
+
+namespace {
+
+// Chunk i's attention backward: d out and delta to head-sharded, the kernel, dK and dV summed over
+// the chunks of a KV group in place.
+void chunk_attention_backward(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
+    chunk_all_to_all(m, p, l, p.heads_out, p.send, p.T * w, DType::BF16, s);  // d out [S, K d]
+    chunk_all_to_all(m, p, l, p.delta_receive, p.delta_send + (int64_t)i * p.S * p.K, p.T * p.K, DType::F32, s);
+    ulysses_transpose_delta(p.heads_delta, p.delta_receive, p.batch, p.seq, p.K, s);
+    const AttentionBackwardArgs ba{.q = p.heads_q, .k = p.heads_kv, .v = p.heads_kv + kvw, .out = nullptr,
+                                   .dout = p.heads_out, .ldq = w, .ldk = 2 * kvw, .ldv = 2 * kvw, .ldo = 0, .lddo = w,
+                                   .lse = m.layers[l].lse + (int64_t)i * p.K * p.S, .dq = p.heads_dq,
+                                   .dk = p.heads_dkv, .dv = p.heads_dkv + kvw, .lddq = w, .lddk = 2 * kvw,
+                                   .lddv = 2 * kvw, .delta = p.heads_delta, .accumulate_dkv = !p.new_kv(i),
+                                   .dq_accum = m.dq_accum};
+    TimelineMark mark(m, s, "compute", "attention backward", l);
+    attention_backward(ba, chunk_shape(p), s);
+}
+
+// dq of chunk i back to token-sharded, RoPE undone; with a complete KV group, dk | dv too
+// (replicated heads add up). Then dxn1 += d q|k|v Wqkv, and the weight gradients token chunk by
+// token chunk against the normalized input, recomputed. `written`: dxn1 holds a sum already.
+void chunk_input_gradients(Model& m, const Untied& p, int l, int i, bf16* dxn1, bool& written, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
+    const bf16* Wqkv = m.w(P_WQKV, l);
+    float* dW = m.g(P_WQKV, l);
+    auto add_dxn1 = [&](const bf16* dy, int64_t ld, const bf16* Wrows, int64_t rows) {  // dxn1 += dy Wrows
+        gemm_rm(false, false, p.T, p.D, rows, dy, ld, Wrows, p.D, dxn1, p.D, false, 1.f, written ? 1.f : 0.f, dxn1, s);
+        written = true;
+    };
+    const bool kv_done = p.last_of_kv(i);
+    chunk_all_to_all(m, p, l, p.receive, p.heads_dq, p.T * w, DType::BF16, s);
+    if (kv_done) chunk_all_to_all(m, p, l, p.kv_send, p.heads_dkv, p.T * 2 * kvw, DType::BF16, s);
+    for (int j = 0; j < p.sp; j++) {
+        bf16* dq = p.receive + (int64_t)j * p.T * w;
+        rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s);
+        add_dxn1(dq, w, Wqkv + q_row(c, p.q_first(j, i)) * p.D, w);
+        if (!kv_done) continue;
+        bf16* dkv = p.kv_send + (int64_t)j * p.T * 2 * kvw;
+        const int g = p.kv_first(j, i);
+        rope_apply(dkv, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, true, s);
+        add_dxn1(dkv, 2 * kvw, Wqkv + k_row(c, g) * p.D, kvw);
+        add_dxn1(dkv + kvw, 2 * kvw, Wqkv + v_row(c, g) * p.D, kvw);
+    }
+    for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
+        for (int j = 0; j < p.sp; j++) {
+            const bf16* dq = p.receive + (int64_t)j * p.T * w + t0 * w;
+            linear_backward_weight(dW + q_row(c, p.q_first(j, i)) * p.D, dq, xn, n, p.D, w, s);
+            if (!kv_done) continue;
+            const bf16* dkv = p.kv_send + (int64_t)j * p.T * 2 * kvw + t0 * 2 * kvw;
+            const int g = p.kv_first(j, i);
+            gemm_rm(true, false, kvw, p.D, n, dkv, 2 * kvw, xn, p.D, dW + k_row(c, g) * p.D, p.D, true, 1.f, 1.f,
+                    nullptr, s);
+            gemm_rm(true, false, kvw, p.D, n, dkv + kvw, 2 * kvw, xn, p.D, dW + v_row(c, g) * p.D, p.D, true, 1.f,
+                    1.f, nullptr, s);
+        }
+    }, s);
 }
 
 }  // namespace
@@ -271,68 +336,19 @@ void all_deltas(Model& m, const Untied& p, int l, cudaStream_t s) {
 // On entry m.dres holds d loss / d x_mid (the MLP's backward is done; Wo's weight gradient too)
 // and a.att, a.lse the layer's forward. Adds d loss / d x_in into m.dres and the projection and
 // norm gradients into the unit. m.dres stays d loss / d x_mid until the end (every chunk's d out
-// is taken from it), so the attention side's input gradient gathers in dxn1: the attention
-// output's memory, once the deltas are taken.
+// is taken from it), so the attention side's input gradient gathers in dxn1 first.
 void untied_attention_backward(Model& m, int l, cudaStream_t s) {
     Untied& p = *m.untied;
     LayerActivations& a = m.layers[l];
-    const LlamaConfig& c = m.cfg;
-    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
-    const bf16* Wqkv = m.w(P_WQKV, l);
-    float* dW = m.g(P_WQKV, l);
-    all_deltas(m, p, l, s);
-    bf16* dxn1 = p.dxn1_in_att ? a.att : p.dxn1;
-    bool dxn1_written = false;
-    auto add_dxn1 = [&](const bf16* dy, int64_t ld, const bf16* Wrows, int64_t rows) {  // dxn1 += dy Wrows
-        gemm_rm(false, false, p.T, p.D, rows, dy, ld, Wrows, p.D, dxn1, p.D, false, 1.f,
-                dxn1_written ? 1.f : 0.f, dxn1, s);
-        dxn1_written = true;
-    };
+    if (!p.dxn1) all_deltas(m, p, l, s);  // --grad-in-att-output: the output's memory then gathers dxn1
+    bf16* dxn1 = p.dxn1 ? p.dxn1 : a.att;
+    bool written = false;
     for (int i = 0; i < p.chunks; i++) {
         untied_project(m, p, l, i, s);
         chunk_dout(m, p, l, i, s);
-        chunk_all_to_all(m, p, l, p.heads_out, p.send, p.T * w, DType::BF16, s);  // d out [S, K d]
-        chunk_all_to_all(m, p, l, p.delta_receive, p.delta_send + (int64_t)i * p.S * p.K, p.T * p.K, DType::F32, s);
-        ulysses_transpose_delta(p.heads_delta, p.delta_receive, p.batch, p.seq, p.K, s);
-        // Attention backward of the chunk; dK, dV summed over the chunks of a KV group in place.
-        AttentionBackwardArgs ba{p.heads_q, p.heads_kv, p.heads_kv + kvw, nullptr, p.heads_out, w, 2 * kvw, 2 * kvw,
-                                 0, w, a.lse + (int64_t)i * p.K * p.S, p.heads_dq, p.heads_dkv,
-                                 p.heads_dkv + kvw, w, 2 * kvw, 2 * kvw, p.heads_delta};
-        ba.accumulate_dkv = !p.new_kv(i);
-        ba.dq_accum = m.dq_accum;
-        int mark = timeline_begin(m, s);
-        attention_backward(ba, chunk_shape(p), s);
-        timeline_end(m, mark, "compute", "attention backward", l, s);
-        // dq back to token-sharded at once, RoPE undone; with a complete KV group, dk | dv too
-        // (replicated heads add up). Then the input gradient, and the weight gradients token chunk
-        // by token chunk against the normalized input, recomputed.
-        const bool kv_done = p.last_of_kv(i);
-        chunk_all_to_all(m, p, l, p.receive, p.heads_dq, p.T * w, DType::BF16, s);
-        if (kv_done) chunk_all_to_all(m, p, l, p.kv_send, p.heads_dkv, p.T * 2 * kvw, DType::BF16, s);
-        for (int j = 0; j < p.sp; j++) {
-            bf16* dq = p.receive + (int64_t)j * p.T * w;
-            rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s);
-            add_dxn1(dq, w, Wqkv + q_row(c, p.q_first(j, i)) * p.D, w);
-            if (!kv_done) continue;
-            bf16* dkv = p.kv_send + (int64_t)j * p.T * 2 * kvw;
-            const int g = p.kv_first(j, i);
-            rope_apply(dkv, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, true, s);
-            add_dxn1(dkv, 2 * kvw, Wqkv + k_row(c, g) * p.D, kvw);
-            add_dxn1(dkv + kvw, 2 * kvw, Wqkv + v_row(c, g) * p.D, kvw);
-        }
-        for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
-            for (int j = 0; j < p.sp; j++) {
-                const bf16* dq = p.receive + (int64_t)j * p.T * w + t0 * w;
-                linear_backward_weight(dW + q_row(c, p.q_first(j, i)) * p.D, dq, xn, n, p.D, w, s);
-                if (!kv_done) continue;
-                const bf16* dkv = p.kv_send + (int64_t)j * p.T * 2 * kvw + t0 * 2 * kvw;
-                const int g = p.kv_first(j, i);
-                gemm_rm(true, false, kvw, p.D, n, dkv, 2 * kvw, xn, p.D, dW + k_row(c, g) * p.D, p.D, true, 1.f, 1.f,
-                        nullptr, s);
-                gemm_rm(true, false, kvw, p.D, n, dkv + kvw, 2 * kvw, xn, p.D, dW + v_row(c, g) * p.D, p.D, true, 1.f,
-                        1.f, nullptr, s);
-            }
-        }, s);
+        if (p.dxn1) chunk_deltas(m, p, l, i, s);
+        chunk_attention_backward(m, p, l, i, s);
+        chunk_input_gradients(m, p, l, i, dxn1, written, s);
     }
     // The attention norm's backward, chunk by chunk (its rstd recomputed): dres += d/dx_in.
     const int64_t D = p.D;

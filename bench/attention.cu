@@ -192,9 +192,12 @@ static int bench_main(int argc, char** argv) {
             convert_f32_to_bf16(dout, scratch, S * qd, 0);
             CUDA_CHECK(cudaFree(scratch));
             AttentionShape sh{1, S, shp.hq, shp.hkv, d};
-            AttentionForwardArgs fa{qkv, qkv + qd, qkv + qd + kd, ld, ld, ld, out, qd, lse};
-            AttentionBackwardArgs ba{qkv, qkv + qd, qkv + qd + kd, out, dout, ld, ld, ld, qd, qd,
-                                     lse, dqkv, dqkv + qd, dqkv + qd + kd, ld, ld, ld, delta};
+            AttentionForwardArgs fa{.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .ldq = ld, .ldk = ld, .ldv = ld,
+                                    .out = out, .ldo = qd, .lse = lse};
+            AttentionBackwardArgs ba{.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .out = out, .dout = dout, .ldq = ld,
+                                     .ldk = ld, .ldv = ld, .ldo = qd, .lddo = qd, .lse = lse, .dq = dqkv,
+                                     .dk = dqkv + qd, .dv = dqkv + qd + kd, .lddq = ld, .lddk = ld, .lddv = ld,
+                                     .delta = delta};
             const char* kernels = attention_uses_hopper(sh) ? "hopper" : "reference";
 
             // The fast kernels twice: the deterministic backward, and the fused one (dQ added in

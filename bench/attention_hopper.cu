@@ -63,16 +63,17 @@ static void release(Buffers& b) {
     cudaFree(b.dout), cudaFree(b.dqkv_a), cudaFree(b.dqkv_b), cudaFree(b.delta);
 }
 static AttentionForwardArgs args(const Buffers& b, int Hq, int Hkv, bool hopper) {
-    return {b.qkv, b.qkv + Hq * 128, b.qkv + (Hq + Hkv) * 128, b.ld, b.ld, b.ld,
-            hopper ? b.out_b : b.out_a, (int64_t)Hq * 128, hopper ? b.lse_b : b.lse_a};
+    return {.q = b.qkv, .k = b.qkv + Hq * 128, .v = b.qkv + (Hq + Hkv) * 128, .ldq = b.ld, .ldk = b.ld, .ldv = b.ld,
+            .out = hopper ? b.out_b : b.out_a, .ldo = (int64_t)Hq * 128, .lse = hopper ? b.lse_b : b.lse_a};
 }
 
 // Backward: the reference computes delta from out; the Hopper one is given it.
 static AttentionBackwardArgs bargs(const Buffers& b, int Hq, int Hkv, bool hopper) {
     const int64_t qd = Hq * 128, kd = Hkv * 128;
     bf16* d = hopper ? b.dqkv_b : b.dqkv_a;
-    return {b.qkv, b.qkv + qd, b.qkv + qd + kd, hopper ? nullptr : b.out_a, b.dout, b.ld, b.ld, b.ld, qd, qd,
-            b.lse_a, d, d + qd, d + qd + kd, b.ld, b.ld, b.ld, b.delta};
+    return {.q = b.qkv, .k = b.qkv + qd, .v = b.qkv + qd + kd, .out = hopper ? nullptr : b.out_a, .dout = b.dout,
+            .ldq = b.ld, .ldk = b.ld, .ldv = b.ld, .ldo = qd, .lddo = qd, .lse = b.lse_a, .dq = d, .dk = d + qd,
+            .dv = d + qd + kd, .lddq = b.ld, .lddk = b.ld, .lddv = b.ld, .delta = b.delta};
 }
 
 static double rel(const std::vector<float>& a, const std::vector<float>& b) {
@@ -165,8 +166,8 @@ static int run(bool bench, const std::vector<int64_t>& seqs) {
             attention_backward_reference(bargs(b, Hq, Hkv, false), sh, 0);  // delta
             const float fwd = time_ms([&] { attention_forward_hopper(args(b, Hq, Hkv, true), sh, 0); });
             const float bwd = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0); });
-            const float dkdv = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, 1); });
-            const float dq = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, 2); });
+            const float dkdv = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, {.parts = 1}); });
+            const float dq = time_ms([&] { attention_backward_hopper(bargs(b, Hq, Hkv, true), sh, 0, {.parts = 2}); });
             float* acc;
             CUDA_CHECK(cudaMalloc(&acc, attention_dq_accum_floats(sh) * 4));
             AttentionBackwardArgs fb = bargs(b, Hq, Hkv, true);
@@ -178,7 +179,7 @@ static int run(bool bench, const std::vector<int64_t>& seqs) {
             attention_backward_hopper(fb, sh, 0);
             CUDA_CHECK(cudaMemcpy(grads_2.data(), b.dqkv_b, b.T * b.ld * 2, cudaMemcpyDeviceToHost));
             const bool same = memcmp(grads_1.data(), grads_2.data(), grads_1.size() * 2) == 0;
-            const float fused_kernel = time_ms([&] { attention_backward_hopper(fb, sh, 0, 1); });
+            const float fused_kernel = time_ms([&] { attention_backward_hopper(fb, sh, 0, {.parts = 1}); });
             CUDA_CHECK(cudaFree(acc));
             printf("%s %6lld  fwd %8.3f ms %6.1f TF/s  bwd %8.3f ms %6.1f TF/s  (dK/dV %.3f ms %.1f TF/s "
                    "of its 4 products, dQ %.3f ms %.1f of its 3)\n",

@@ -11,7 +11,7 @@
 set -u
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 A=${A:?A=path of the first ./train}; B=${B:-./train}
-ARGS=${ARGS:---config llama3.1-8b --seq-len 1M --sim-world 8 --stage 6 --ckpt=selective --mem-cap-gib 80 --layers 1 --steps 2 --task random}
+ARGS=${ARGS:---config llama3.1-8b --seq-len 1M --sim-world 8 --stage 7 --ckpt=selective --mem-cap-gib 80 --layers 1 --steps 2 --task random}
 L=${OUT:-gpu_logs/step_ab}; mkdir -p "$L"
 i=0
 rm -f "$L"/[1-4][AB].*

@@ -5,7 +5,7 @@
 #
 # For each model in CONFIGS (llama3.1-8b llama3.2-3b) and length in SEQS (3M 4M 5M), as rank 0 of
 # 8 (--sim-world 8; on a node of 8 GPUs NODE_GPUS='--nproc 8'), under the 80 GiB cap, with the
-# full stack and selective checkpointing within --host-mem-gib (FLAGS: --stage 6 --ckpt=selective):
+# full stack, our savings and selective checkpointing within --host-mem-gib (FLAGS: --stage 7 --ckpt=selective):
 #   1. the full-depth plan says what each layer does with its attention output (kept on the host,
 #      on the device, in the last layer's slot, or rerun) and which block inputs are rebuilt;
 #   2. one step of a few layers at the real length, one layer of each kind the full depth has
@@ -22,7 +22,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 L=${OUT:-gpu_logs/throughput}; mkdir -p "$L"
 CONFIGS=${CONFIGS:-llama3.1-8b llama3.2-3b}; SEQS=${SEQS:-3M 4M 5M}
-NODE_GPUS=${NODE_GPUS:---sim-world 8}; FLAGS=${FLAGS:---stage 6 --ckpt=selective}
+NODE_GPUS=${NODE_GPUS:---sim-world 8}; FLAGS=${FLAGS:---stage 7 --ckpt=selective}
 for cfg in $CONFIGS; do for seq in $SEQS; do
   name=${cfg}_$seq
   base="--config $cfg --seq-len $seq $NODE_GPUS $FLAGS --mem-cap-gib 80 --task random"
@@ -34,7 +34,7 @@ for cfg in $CONFIGS; do for seq in $SEQS; do
   fi
   # One block input and one attention output (with its lse) on the host, in GiB: two layers'
   # plans, without and with selective checkpointing (whose last layer keeps its output in its slot).
-  two_inputs=$(./train --config $cfg --seq-len $seq $NODE_GPUS --stage 6 --layers 2 --plan | awk '/^  host/ {print $2}')
+  two_inputs=$(./train --config $cfg --seq-len $seq $NODE_GPUS --stage 7 --layers 2 --plan | awk '/^  host/ {print $2}')
   with_output=$(./train $base --layers 2 --host-mem-gib 100000 --rebuild-inputs 0 --plan | awk '/^  host/ {print $2}')
   budget=$(python3 -c "i = ${two_inputs:-0} / 2; a = ${with_output:-0} - 2 * i; print($inputs * i + ($outputs + 0.05) * a)")
   # The budget and --rebuild-inputs give the run its kinds of layer together: with inputs rebuilt

@@ -49,14 +49,24 @@ bool hopper_gpu() {
 // Select the kernels of a case, and make sure the fast case really runs the fast kernels where
 // they exist (else both cases would test the reference twice). Restored at scope exit.
 struct KernelChoice {
-    KernelChoice(bool reference, const AttentionShape& sh, Case::Order order = Case::by_size) {
+    KernelChoice(bool reference, const AttentionShape& sh) {
         attention_use_reference(reference);
-        attention_backward_kv_major_from(order == Case::kv_major ? 1 : order == Case::tile_major ? INT64_MAX : 0);
         if (!reference && sh.head_dim == 128 && hopper_gpu()) EXPECT_TRUE(attention_uses_hopper(sh));
         if (reference) EXPECT_FALSE(attention_uses_hopper(sh));
     }
-    ~KernelChoice() { attention_use_reference(false), attention_backward_kv_major_from(0); }  // 0: the default
+    ~KernelChoice() { attention_use_reference(false); }
 };
+
+// The backward as the dispatch runs it, with the fast kernels' blocks in the case's order: the
+// dispatch's delta first, then attention_backward_hopper told the order.
+void run_backward(const AttentionBackwardArgs& a, const AttentionShape& sh, Case::Order order) {
+    if (order == Case::by_size || !attention_uses_hopper(sh)) return attention_backward(a, sh, 0);
+    AttentionBackwardArgs given = a;
+    if (a.out) attention_delta(a, sh, 0), given.out = nullptr;
+    HopperBackwardOptions opt;
+    opt.kv_major_from_tiles = order == Case::kv_major ? 1 : INT64_MAX;
+    attention_backward_hopper(given, sh, 0, opt);
+}
 
 // A fused [T, (Hq + 2 Hkv) d] buffer on the device, and q, k, v as dense copies for the reference.
 struct Qkv {
@@ -98,14 +108,17 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     upload(qkv, in.fused), upload(d_dout, dout);
     poison(out.ptr, T * in.qd), poison(lse.ptr, lse.n), poison(dqkv.ptr, T * in.ld);
     AttentionShape sh{c.B, c.S, c.Hq, c.Hkv, c.d};
-    KernelChoice choice(c.reference, sh, c.order);
-    AttentionForwardArgs fa{qkv, qkv + in.qd, qkv + in.qd + in.kd, in.ld, in.ld, in.ld, out, in.qd, lse};
+    KernelChoice choice(c.reference, sh);
+    const AttentionForwardArgs fa{.q = qkv, .k = qkv + in.qd, .v = qkv + in.qd + in.kd, .ldq = in.ld, .ldk = in.ld,
+                                  .ldv = in.ld, .out = out, .ldo = in.qd, .lse = lse};
     attention_forward(fa, sh, 0);
-    AttentionBackwardArgs ba{qkv, qkv + in.qd, qkv + in.qd + in.kd, out, d_dout, in.ld, in.ld, in.ld, in.qd, in.qd,
-                             lse, dqkv, dqkv + in.qd, dqkv + in.qd + in.kd, in.ld, in.ld, in.ld, delta};
+    AttentionBackwardArgs ba{.q = qkv, .k = qkv + in.qd, .v = qkv + in.qd + in.kd, .out = out, .dout = d_dout,
+                             .ldq = in.ld, .ldk = in.ld, .ldv = in.ld, .ldo = in.qd, .lddo = in.qd, .lse = lse,
+                             .dq = dqkv, .dk = dqkv + in.qd, .dv = dqkv + in.qd + in.kd, .lddq = in.ld,
+                             .lddk = in.ld, .lddv = in.ld, .delta = delta};
     DeviceBuffer<float> dq_accum(c.fused ? attention_dq_accum_floats(sh) : 0);
     if (c.fused) ba.dq_accum = dq_accum, poison(dq_accum.ptr, dq_accum.n);  // the kernel must clear it
-    attention_backward(ba, sh, 0);
+    run_backward(ba, sh, c.order);
 
     EXPECT_LT(rel_error(download(out.ptr, T * in.qd), out_ref), TOL_BF16);
     EXPECT_LT(rel_error(download(lse.ptr, lse.n), lse_ref), TOL_FP32);
@@ -123,7 +136,7 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     std::vector<double> half_dout(dout);
     for (double& x : half_dout) x *= 0.5;  // exact in bf16
     upload(d_dout, half_dout);
-    attention_backward(ba, sh, 0);
+    run_backward(ba, sh, c.order);
     auto sum = download(dqkv.ptr, T * in.ld);
     std::vector<double> dq_half(dq_ref), dk_sum(dk_ref), dv_sum(dv_ref);
     for (double& x : dq_half) x *= 0.5;
@@ -167,9 +180,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCases,
 AttentionBackwardArgs forward_one_sequence(const AttentionShape& sh, int64_t ld, bf16* qkv, bf16* out, bf16* dout,
                                            bf16* dqkv, float* lse, float* delta) {
     const int64_t qd = (int64_t)sh.n_heads * sh.head_dim, kd = (int64_t)sh.n_kv_heads * sh.head_dim;
-    AttentionForwardArgs fa{qkv, qkv + qd, qkv + qd + kd, ld, ld, ld, out, qd, lse};
+    const AttentionForwardArgs fa{.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .ldq = ld, .ldk = ld, .ldv = ld,
+                                  .out = out, .ldo = qd, .lse = lse};
     attention_forward(fa, sh, 0);
-    return {qkv, qkv + qd, qkv + qd + kd, out, dout, ld, ld, ld, qd, qd, lse, dqkv, dqkv + qd, dqkv + qd + kd, ld, ld, ld, delta};
+    return {.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .out = out, .dout = dout, .ldq = ld, .ldk = ld, .ldv = ld,
+            .ldo = qd, .lddo = qd, .lse = lse, .dq = dqkv, .dk = dqkv + qd, .dv = dqkv + qd + kd, .lddq = ld,
+            .lddk = ld, .lddv = ld, .delta = delta};
 }
 
 // Every backward is bit-reproducible: the same inputs give the same bits, run after run. The fused
@@ -241,10 +257,13 @@ void run_fused_backward_with_broken_order() {
     AttentionBackwardArgs ba = forward_one_sequence(sh, ld, qkv, out, dout, dqkv, lse, delta);
     DeviceBuffer<float> dq_accum(attention_dq_accum_floats(sh));
     ba.dq_accum = dq_accum;
-    attention_fused_backward_break_order(true);
+    attention_delta(ba, sh, 0);  // what the dispatch does first
+    ba.out = nullptr;
+    HopperBackwardOptions broken;
+    broken.unreachable_dq_counts = true;
     cudaError_t e = cudaSuccess;
     try {
-        attention_backward(ba, sh, 0);
+        attention_backward_hopper(ba, sh, 0, broken);
         e = cudaDeviceSynchronize();
     } catch (const Fatal& f) {
         fprintf(stderr, "%s\n", f.what());
@@ -274,7 +293,8 @@ TEST(AttentionShapes, BadHeadCountsAreUsageErrors) {
         attention_use_reference(reference);
         for (AttentionShape sh : {AttentionShape{1, 64, 6, 4, 128}, AttentionShape{1, 64, 2, 0, 128},
                                   AttentionShape{1, 64, 2, 4, 128}}) {
-            AttentionForwardArgs fa{qkv, qkv + 1024, qkv + 2048, 3072, 3072, 3072, out, 1024, lse};
+            const AttentionForwardArgs fa{.q = qkv, .k = qkv + 1024, .v = qkv + 2048, .ldq = 3072, .ldk = 3072,
+                                          .ldv = 3072, .out = out, .ldo = 1024, .lse = lse};
             int code = -1;
             try {
                 attention_forward(fa, sh, 0);

@@ -165,7 +165,8 @@ TEST(SyntheticData, RandomTaskScoresEverything) {
 }
 
 // The plan (dry run of the arena) against the memory formulas in the headers of llama.cu,
-// fsdp.cu, offload.cu and chunked.cu, written out here independently, for every combination of flags.
+// fsdp.cu, offload.cu, chunked.cu, selective.cu and savings.cu, written out here independently,
+// for every combination of flags.
 struct Expected {
     double model, attention, other, host;
 };
@@ -177,16 +178,16 @@ Expected expected_memory(const LlamaConfig& c, const StepOptions& o, double T) {
     const double CL = o.chunked ? std::min<double>(o.loss_chunk_tokens ? o.loss_chunk_tokens : 4096, T) : T;
     const bool keep_att = !o.ckpt, keep_out = !o.ckpt || o.selective, keep_mlp = !o.ckpt && !o.chunked;
     Expected e;
-    // 16 bytes per parameter, and two bf16 unit slots of the largest unit: a layer, or a piece of
-    // the vocabulary tables (as few pieces as keep each within a layer's size).
+    // 16 bytes per parameter, and two bf16 unit slots of the largest unit: a layer, or the
+    // vocabulary tables, whole or (--vocab-pieces) in pieces of about a layer's size.
     const double layer = D * QKV + QD * D + 3 * D * F + 2 * D;
-    const double pieces = std::ceil(V * D / layer), piece_rows = std::ceil(V / pieces);
+    const double pieces = o.vocab_pieces > 0 ? o.vocab_pieces : std::ceil(V * D / layer), piece_rows = std::ceil(V / pieces);
     const double largest = std::max(layer, piece_rows * D);
     e.model = 16.0 * count_params(c) + 2 * 2 * largest;
     e.attention = (keep_att ? L : 1) * T * 2 * QKV + (keep_out ? (o.offload ? 1 : L) : 1) * T * (2 * QD + 4 * Hq) +
                   T * (2 * QKV + 2 * QD + 4 * Hq)   // dqkv, datt, delta
                   + (o.fused_attention ? std::ceil(T / 64) * (64 * 4 * QD + 4 * Hq) : 0);  // fp32 dQ sums, counts
-    e.other = (o.offload ? 1 : L + 1) * T * 2 * D       // block inputs (all, or one staging slot)
+    e.other = (o.offload ? (o.one_offload_slot ? 1 : 2) : L + 1) * T * 2 * D  // block inputs (all, or staging slots)
               + (keep_att ? L * T : C) * 2 * D          // x_mid
               + (keep_mlp ? L : 1) * C * (2 * (2 * D + 3 * F) + 8)  // xn1, xn2, h13, act, rstd
               + CL * (2 * D + 4 + 2 * piece_rows) + 4 * T  // head chunk (a piece's logits), losses
@@ -221,6 +222,15 @@ TEST(MemoryPlan, MatchesFormulasForEveryTechnique) {
     o = StepOptions();
     o.fused_attention = true;
     modes.push_back({"fused attention", o});
+    o = StepOptions();  // stage 7's savings that do not need Untied
+    o.vocab_pieces = 0;
+    modes.push_back({"vocab pieces", o});
+    o.chunked = true;
+    modes.push_back({"vocab pieces chunked", o});
+    o.ckpt = o.offload = o.one_offload_slot = true;
+    modes.push_back({"vocab pieces chunked ckpt offload one-slot", o});
+    o.vocab_pieces = 2;
+    modes.push_back({"2 vocab pieces chunked ckpt offload one-slot", o});
     for (const char* name : {"llama3.2-3b", "llama3.1-8b"})
         for (auto& [mode, opt] : modes) {
             SCOPED_TRACE(std::string(name) + " " + mode);
@@ -310,8 +320,8 @@ TEST(Binary, PlanNeedsNoGpu) {
 }
 
 // --attention auto: the fused backward exactly where its fp32 dQ sums fit under the cap. Llama
-// 3.2 3B at 64K tokens with --ckpt plans 73.89 GiB with the lean backward and 74.64 with the
-// fused one (both with the 0.55 GiB runtime estimate): a 74.3 GiB cap holds only the first.
+// 3.2 3B at 64K tokens with --ckpt plans 86.72 GiB with the lean backward and 87.47 with the
+// fused one (both with the 0.55 GiB runtime estimate): an 87.1 GiB cap holds only the first.
 double plan_total_gib(const std::string& output) {
     const size_t p = output.find("  total ");
     return p == std::string::npos ? NAN : std::atof(output.c_str() + p + 8);
@@ -320,24 +330,24 @@ double plan_total_gib(const std::string& output) {
 TEST(Binary, AutoAttentionTakesTheFusedBackwardWhereItFits) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     const std::string shape = "--plan --config llama3.2-3b --seq-len 64K --ckpt";
-    Result roomy = run_train(shape + " --mem-cap-gib 75");
-    Result tight = run_train(shape + " --mem-cap-gib 74.3");
+    Result roomy = run_train(shape + " --mem-cap-gib 88");
+    Result tight = run_train(shape + " --mem-cap-gib 87.1");
     Result fused = run_train(shape + " --attention fused");
     Result lean = run_train(shape + " --attention fast");
     for (const Result* r : {&roomy, &tight, &fused, &lean}) ASSERT_EQ(r->code, 0) << r->output;
     EXPECT_NE(roomy.output.find("attention auto: the fused backward"), std::string::npos) << roomy.output;
-    EXPECT_NE(roomy.output.find("cap 75.00 GiB: fits"), std::string::npos) << roomy.output;
+    EXPECT_NE(roomy.output.find("cap 88.00 GiB: fits"), std::string::npos) << roomy.output;
     // Neither fits: the plan says so (and plans the lean one).
-    Result neither = run_train(shape + " --mem-cap-gib 70");
+    Result neither = run_train(shape + " --mem-cap-gib 80");
     EXPECT_NE(neither.output.find("neither fits"), std::string::npos) << neither.output;
     EXPECT_DOUBLE_EQ(plan_total_gib(neither.output), plan_total_gib(lean.output));
     EXPECT_NE(tight.output.find("attention auto: the lean backward"), std::string::npos) << tight.output;
-    EXPECT_NE(tight.output.find("cap 74.30 GiB: fits"), std::string::npos) << tight.output;
+    EXPECT_NE(tight.output.find("cap 87.10 GiB: fits"), std::string::npos) << tight.output;
     EXPECT_DOUBLE_EQ(plan_total_gib(roomy.output), plan_total_gib(fused.output));
     EXPECT_DOUBLE_EQ(plan_total_gib(tight.output), plan_total_gib(lean.output));
     EXPECT_GT(plan_total_gib(fused.output), plan_total_gib(lean.output) + 0.5);  // 0.75 GiB of dQ sums
     // The longest context under a cap is the lean backward's: there auto falls back to it.
-    Result roomy_lean = run_train(shape + " --mem-cap-gib 75 --attention fast");
+    Result roomy_lean = run_train(shape + " --mem-cap-gib 88 --attention fast");
     const auto longest_line = [](const std::string& out) {
         const size_t p = out.find("longest context");
         return p == std::string::npos ? std::string("(no longest context line)") : out.substr(p);
@@ -397,13 +407,25 @@ int attention_reruns(const std::vector<TimelineMark>& marks, int l) {
 }
 
 // --timeline (timeline.cu): every layer's forward and backward, with its attention kernels,
-// all-to-alls and MLP inside them; the all-to-alls' bytes are those Ulysses must send.
+// all-to-alls and MLP inside them; the all-to-alls' bytes are those Ulysses must send. Stage 7's
+// one offload slot fetches every layer's input back; the talk's two keep the last layer's in
+// place and fetch the one below during a layer's backward.
 TEST(Binary, TimelineMarksEachLayersParts) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     REQUIRE_GPU();
     const std::string path = testing::TempDir() + "timeline.json";
-    Result r = run_train("--config tiny-hd128 --seq-len 2048 --sim-world 2 --stage 6 --steps 2 --task random --timeline " +
-                         path);
+    const std::string run = "--config tiny-hd128 --seq-len 2048 --sim-world 2 --steps 2 --task random --timeline " + path;
+    Result talk = run_train(run + " --stage 6");
+    ASSERT_EQ(talk.code, 0) << talk.output;
+    {
+        const std::vector<TimelineMark> marks = read_timeline(path);
+        EXPECT_TRUE(find_marks(marks, "x_in to device", 1).empty());  // the last layer's input stayed in its slot
+        auto fetch = find_marks(marks, "x_in to device", 0), backward0 = find_marks(marks, "backward", 0);
+        ASSERT_EQ(fetch.size(), 1u);
+        ASSERT_EQ(backward0.size(), 1u);
+        EXPECT_LT(fetch[0].start, backward0[0].start);  // layer 0's input on its way before its backward begins
+    }
+    Result r = run_train(run + " --stage 7");
     ASSERT_EQ(r.code, 0) << r.output;
     const std::vector<TimelineMark> marks = read_timeline(path);
     auto find = [&](const std::string& what, int layer) { return find_marks(marks, what, layer); };
@@ -464,7 +486,8 @@ TEST(Binary, SelectiveKeepsAttentionOnTheHostThenTheDevice) {
 
 // A block input left off the host: layer 1's is rebuilt from layer 0's in its backward, which lets
 // the host keep layer 1's attention output too (the step stays bit for bit --ckpt's:
-// test_techniques).
+// test_techniques). With the talk's two offload slots layer 0's input, fetched for the rebuild,
+// is still in its slot for layer 0's backward; with stage 7's one slot the rebuild wrote over it.
 TEST(Binary, RebuiltInputLetsTheHostKeepOneMoreAttentionOutput) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     REQUIRE_GPU();
@@ -483,8 +506,12 @@ TEST(Binary, RebuiltInputLetsTheHostKeepOneMoreAttentionOutput) {
     EXPECT_EQ(find_marks(marks, "input rebuild", 1).size(), 1u);
     for (int l : {0, 2, 3}) EXPECT_TRUE(find_marks(marks, "input rebuild", l).empty()) << "layer " << l;
     EXPECT_TRUE(find_marks(marks, "x_in to host", 1).empty());     // never saved
-    EXPECT_EQ(find_marks(marks, "x_in to device", 0).size(), 2u);  // for layer 1's rebuild, then layer 0's backward
-    EXPECT_EQ(find_marks(marks, "att to device", 0).size(), 2u);
+    EXPECT_EQ(find_marks(marks, "x_in to device", 0).size(), 1u);  // for layer 1's rebuild, and kept
+    EXPECT_EQ(find_marks(marks, "att to device", 0).size(), 2u);   // for the rebuild, and again after layer 1's
+    Result one = run_train("--config tiny-hd128 --layers 4 --seq-len 2048 --steps 1 --task random --ckpt=selective --offload" +
+                           std::string(budgets) + " --one-offload-slot --timeline " + path);
+    ASSERT_EQ(one.code, 0) << one.output;
+    EXPECT_EQ(find_marks(read_timeline(path), "x_in to device", 0).size(), 2u);  // for layer 1's rebuild, then layer 0's
     Result off = run_train("--config tiny-hd128 --layers 4 --seq-len 2048 --ckpt=selective --offload --plan" +
                            std::string(budgets) + " --rebuild-inputs 0");
     EXPECT_NE(off.output.find("attention kept for 2 of 4 layers (0 on the host, 3 in its slot), rerun for layers 1-2\n"),
@@ -497,7 +524,7 @@ TEST(Binary, RebuiltInputLetsTheHostKeepOneMoreAttentionOutput) {
 TEST(Throughput, RunShapesAndCommittedFigures) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     if (run_command("python3 --version").code != 0) GTEST_SKIP() << "no python3";
-    const std::string flags = "--plan --sim-world 8 --stage 6 --ckpt=selective --config llama3.1-8b --mem-cap-gib 80";
+    const std::string flags = "--plan --sim-world 8 --stage 7 --ckpt=selective --config llama3.1-8b --mem-cap-gib 80";
     auto shape = [&](const std::string& more) {
         const std::string path = testing::TempDir() + "throughput.plan.txt";
         Result plan = run_command("./train " + flags + " " + more + " > " + path);
@@ -568,21 +595,45 @@ namespace {
 TEST(Ladder, PlannedLadderReproducesTheTalksStory) {
     Options o = parse({"--config", "llama3.1-8b", "--seq-len", "3M", "--sim-world", "8", "--ladder", "--plan"});
     std::vector<LadderRow> rows = ladder_plan(o);
-    ASSERT_EQ(rows.size(), 7u);
+    ASSERT_EQ(rows.size(), 8u);
     for (int k = 0; k <= 4; k++) EXPECT_FALSE(rows[k].fits) << "stage " << k;  // OOM at 3M up to offload
     EXPECT_TRUE(rows[5].fits);                                                // the ALST stack fits
     EXPECT_TRUE(rows[6].fits);                                                // and Untied Ulysses
-    for (int k = 1; k <= 6; k++) EXPECT_LT(rows[k].total_gib, rows[k - 1].total_gib) << "stage " << k;
+    EXPECT_TRUE(rows[7].fits);                                                // and our savings
+    for (int k = 1; k <= 7; k++) EXPECT_LT(rows[k].total_gib, rows[k - 1].total_gib) << "stage " << k;
     // FSDP: 16 bytes per parameter over N (stage 0 adds its two bf16 unit slots to the same).
     const double states_gib = 16.0 * count_params(config_by_name("llama3.1-8b")) / GiB;
     EXPECT_NEAR(rows[1].gib[MEM_MODEL] * 8, states_gib, 0.001 * states_gib);
     EXPECT_GT(rows[0].gib[MEM_MODEL], states_gib);
     EXPECT_GT(rows[4].host_gib, 0);                                           // offload moves memory to the host
-    for (int k = 1; k <= 6; k++) EXPECT_GE(rows[k].longest, rows[k - 1].longest) << "stage " << k;
+    for (int k = 1; k <= 7; k++) EXPECT_GE(rows[k].longest, rows[k - 1].longest) << "stage " << k;
     // Each row is the plan of that stage's flags.
-    Options s5 = parse({"--config", "llama3.1-8b", "--seq-len", "3M", "--sim-world", "8", "--stage", "5"});
-    MemoryPlan p = plan_memory(resolve_config(s5), s5, s5.seq_len);
-    EXPECT_NEAR(rows[5].total_gib, p.total_gib(runtime_estimate_gib(8)), 1e-9);
+    for (int k : {5, 6, 7}) {
+        Options sk = parse({"--config", "llama3.1-8b", "--seq-len", "3M", "--sim-world", "8", "--stage", std::to_string(k)});
+        MemoryPlan p = plan_memory(resolve_config(sk), sk, sk.seq_len);
+        EXPECT_NEAR(rows[k].total_gib, p.total_gib(runtime_estimate_gib(8)), 1e-9) << "stage " << k;
+    }
+    // The talk's story at 5M: only Untied Ulysses (stage 6) fits; our savings fit with less.
+    Options five = parse({"--config", "llama3.1-8b", "--seq-len", "5M", "--sim-world", "8", "--ladder", "--plan"});
+    std::vector<LadderRow> at5 = ladder_plan(five);
+    for (int k = 0; k <= 5; k++) EXPECT_FALSE(at5[k].fits) << "stage " << k << " at 5M";
+    EXPECT_TRUE(at5[6].fits);
+    EXPECT_TRUE(at5[7].fits);
+    EXPECT_LT(at5[7].total_gib, at5[6].total_gib);
+    // What each saving of stage 7 takes off stage 6 at 3M, from the formulas of savings.cu's header
+    // (T = 393216 tokens per GPU, D = 4096, V = 128256, 8 GPUs): one offload slot T 2D, Untied's
+    // normalized-input gradient T 2D, FSDP's slots and unit gradients 12 bytes x (the table - the
+    // largest piece or layer), the logits 2 C_loss V x 2/3 (the ladder plans the lean backward:
+    // no dQ sums to move).
+    const LlamaConfig c = config_by_name("llama3.1-8b");
+    const double T = 393216, D = 4096, V = 128256;
+    const ParamLayout pieces = param_layout(c, 0);
+    int64_t largest = 0;
+    for (int u = 0; u < pieces.num_units(); u++) largest = std::max(largest, pieces.unit_size(u));
+    const auto padded = [](double n) { return std::ceil(n / (8 * 128)) * (8 * 128); };  // FSDP pads to N x 128
+    const double expected = 2 * T * 2 * D + 12 * (padded(V * D) - padded((double)largest)) + 2.0 * 4096 * V * 2 / 3;
+    EXPECT_NEAR((rows[6].total_gib - rows[7].total_gib) * GiB / expected, 1.0, 2e-3)
+        << rows[6].total_gib << " - " << rows[7].total_gib;
 }
 
 // bench/ncu_wavefronts.py on a made-up source page of two kernels: the second one's wavefronts
@@ -657,15 +708,21 @@ TEST(Binary, UnwritableOutputsAreRefusedBeforeAnyWork) {
     expect_exit("--config tiny --steps 1 --save-to Makefile", 2, "is not a folder");
 }
 
-// The vocabulary pieces: --vocab-pieces sets them, within what a vocabulary can be cut into, and
-// the plan shows them in the logits (one piece's columns).
+// The vocabulary pieces (stage 7, savings.cu): --vocab-pieces sets them, within what a vocabulary
+// can be cut into; without it the tables are whole units, as in the talk; the plan shows them in
+// the FSDP slots and the logits (one piece's columns).
 TEST(Binary, VocabularyPieces) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     expect_exit("--plan --config tiny --vocab-pieces 5", 2, "a piece holds at least 128 of the 512 vocabulary rows");
-    Result whole = run_train("--plan --config llama3.1-8b --seq-len 8K --chunked --vocab-pieces 1");
-    Result auto_pieces = run_train("--plan --config llama3.1-8b --seq-len 8K --chunked");
+    Result whole = run_train("--plan --config llama3.1-8b --seq-len 8K --chunked");
+    Result one = run_train("--plan --config llama3.1-8b --seq-len 8K --chunked --vocab-pieces 1");
+    Result auto_pieces = run_train("--plan --config llama3.1-8b --seq-len 8K --chunked --vocab-pieces");
+    Result three = run_train("--plan --config llama3.1-8b --seq-len 8K --chunked --vocab-pieces=3");
     ASSERT_EQ(whole.code, 0) << whole.output;
     ASSERT_EQ(auto_pieces.code, 0) << auto_pieces.output;
+    EXPECT_DOUBLE_EQ(plan_total_gib(whole.output), plan_total_gib(one.output));
+    EXPECT_DOUBLE_EQ(plan_total_gib(auto_pieces.output), plan_total_gib(three.output));
+    EXPECT_NE(auto_pieces.output.find("--vocab-pieces"), std::string::npos) << auto_pieces.output;  // the techniques line
     // 8B: three pieces, so the two bf16 unit slots hold a layer (2 x 0.41 GiB) instead of a whole
     // table (2 x 0.98 GiB), and one chunk's logits a third of the vocabulary.
     EXPECT_NEAR(plan_total_gib(whole.output) - plan_total_gib(auto_pieces.output), 2 * (0.979 - 0.406) + 0.979 * 2 / 3,
@@ -680,7 +737,7 @@ TEST(Binary, VocabularyPieces) {
 TEST(Binary, HostMemoryBudget) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     expect_exit("--config tiny --seq-len 8K --offload --steps 1 --host-mem-gib 0.001", 3, "--host-mem-gib allows");
-    const std::string flags = "--plan --sim-world 8 --stage 6 --ckpt=selective --config llama3.1-8b --seq-len 5M --mem-cap-gib 80";
+    const std::string flags = "--plan --sim-world 8 --stage 7 --ckpt=selective --config llama3.1-8b --seq-len 5M --mem-cap-gib 80";
     // Every block input on the host (--rebuild-inputs 0): 160 GiB of them leave 80 for 15 layers' attention outputs.
     const std::string all_inputs = flags + " --rebuild-inputs 0";
     Result host_only = run_train(all_inputs + " --device-keep-gib 0");
@@ -796,7 +853,7 @@ TEST(Binary, MeasuredLadderAgreesWithThePlan) {
         EXPECT_LT(std::fabs(diff), 3.0) << r.output;
         rows++;
     }
-    EXPECT_EQ(rows, 7) << r.output;  // stages 0..6 all ran a step
+    EXPECT_EQ(rows, 8) << r.output;  // stages 0..7 all ran a step
     // The fused backward where the fast kernels do not run (head dim 64): one usage error up
     // front, not one per stage.
     Result f = run_train("--ladder --config tiny --seq-len 256 --steps 1 --sim-world 2 --task random --attention fused");

@@ -14,8 +14,9 @@ namespace {
 struct GpuModel {
     Model m;
     DeviceMemory dm;
-    GpuModel(const LlamaConfig& cfg, int batch, int64_t seq) {
+    GpuModel(const LlamaConfig& cfg, int batch, int64_t seq, int vocab_pieces = 1) {
         m.cfg = cfg;
+        m.opt.vocab_pieces = vocab_pieces;
         m.shape.batch = batch;
         m.shape.seq = seq;
         allocate_on_whole_gpu(m, dm);
@@ -60,17 +61,17 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
-    // "+pieces": the embedding and LM head in three units of vocabulary rows (lm_head_in_pieces).
+    // "+pieces": the embedding and LM head in three units of vocabulary rows (savings.cu lm_head_in_pieces).
     const std::string param = GetParam();
     const bool pieces = param.size() > 7 && param.substr(param.size() - 7) == "+pieces";
     LlamaConfig cfg = config_by_name(pieces ? param.substr(0, param.size() - 7) : param);
-    if (pieces) cfg.vocab_pieces = 3;
+    const int vocab_pieces = pieces ? 3 : 1;
     printf("  attention kernels: %s, %d vocabulary pieces\n",
            attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "attention_hopper.cu" : "attention.cu",
-           param_layout(cfg).vocab_pieces());
+           param_layout(cfg, vocab_pieces).vocab_pieces());
     const int B = 2;
     const int64_t S = 67;  // two attention tiles, the second ragged
-    GpuModel g(cfg, B, S);
+    GpuModel g(cfg, B, S, vocab_pieces);
     auto params = g.set_random_params(rng, 0.08);
     std::vector<int32_t> tok, tgt;
     random_batch(rng, cfg.vocab, B * S, tok, tgt);

@@ -123,9 +123,10 @@ TEST(MultiGpu, VocabularyPiecesMatchOneGpu) {
         expect_same_as_one_gpu(common, "--batch 2",
                                {"--nproc 2 --batch 1 --fsdp",
                                 "--nproc 2 --batch 1 --fsdp --ckpt --offload --chunked --loss-chunk-tokens 72"});
-        // ... and one sequence split over two (Ulysses, stages 5 and 6) against it on one GPU.
+        // ... and one sequence split over two (Ulysses, stages 5, 6 and 7) against it on one GPU.
         expect_same_as_one_gpu(common + " --batch 1", "",
-                               {"--nproc 2 --stage 5 --loss-chunk-tokens 72", "--nproc 2 --stage 6 --chunk-tokens 56"});
+                               {"--nproc 2 --stage 5 --loss-chunk-tokens 72", "--nproc 2 --stage 6 --chunk-tokens 56",
+                                "--nproc 2 --stage 7 --chunk-tokens 56"});
     }
 }
 
@@ -154,9 +155,12 @@ TEST(MultiGpu, UlyssesAndFsdpMatchOneGpu) {
                                             "--nproc 2 --ulysses --fsdp --ckpt=selective --offload",
                                             "--nproc 2 --ulysses --ckpt=selective --offload" + std::string(budgets),
                                             "--nproc 2 --ulysses --fsdp --ckpt=selective --offload" + std::string(rebuilt),
+                                            "--nproc 2 --ulysses --fsdp --ckpt=selective --offload --one-offload-slot" +
+                                                std::string(rebuilt),
                                             "--nproc 2 --stage 5 --chunk-tokens 56 --loss-chunk-tokens 72",
                                             "--nproc 2 --ulysses --untied", "--nproc 2 --ulysses --untied=2 --ckpt=selective",
-                                            "--nproc 2 --stage 6 --chunk-tokens 56"});
+                                            "--nproc 2 --stage 6 --chunk-tokens 56", "--nproc 2 --stage 7 --chunk-tokens 56",
+                                            "--nproc 2 --stage 7 --ckpt=selective --chunk-tokens 56"});
         Result kept = sh("./train " + common + " --nproc 2 --ulysses --ckpt=selective --offload --steps 1" + budgets);
         ASSERT_EQ(kept.code, 0) << kept.output;
         EXPECT_NE(kept.output.find("attention kept for 2 of 3 layers (none on the host, 1 on the device, 2 in its slot), "
@@ -178,6 +182,7 @@ TEST(MultiGpu, FusedAndLeanBackwardsMatchOneGpu) {
     const std::string common = "--config tiny-hd128 --layers 3 --task random --steps 3 --lr 2e-3 --seed 11 --seq-len 400 --batch 1";
     expect_same_as_one_gpu(common, "--attention fast",
                            {"--nproc 2 --ulysses --attention fused", "--nproc 2 --stage 6 --chunk-tokens 56 --attention fused",
+                            "--nproc 2 --stage 7 --chunk-tokens 56 --attention fused",
                             "--nproc 2 --ulysses --attention fast", "--nproc 2 --stage 6 --chunk-tokens 56 --attention fast"});
 }
 
@@ -284,6 +289,19 @@ TEST(MultiProcess, SharedErrorIsPrintedOnce) {
     size_t first = r.output.find("not divisible");
     ASSERT_NE(first, std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("not divisible", first + 1), std::string::npos) << r.output;
+}
+
+// --nproc N with fewer GPUs visible is a usage error before any process starts (NCCL would find
+// two ranks on one GPU); with none visible the run says so in one line (test_cli).
+TEST(MultiProcess, MoreProcessesThanGpusIsAUsageError) {
+    if (!std::ifstream("./train").good()) GTEST_SKIP() << "./train not built";
+    int gpus = 0;
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) GTEST_SKIP() << "no CUDA GPU";
+    Result r = sh("./train --nproc " + std::to_string(gpus + 1) + " --config tiny --steps 1");
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("starts one process per GPU, but this machine shows " + std::to_string(gpus)),
+              std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("NCCL"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -64,8 +64,9 @@ StepResult run_variant(const LlamaConfig& cfg, const StepOptions& opt, int B, in
 struct Variant {
     const char* name;
     bool ckpt, selective, offload, chunked, fsdp;
-    int untied = 0;      // head-chunked attention (Untied Ulysses on one GPU)
-    bool fused = false;  // --attention fused: dQ summed in fp32 by the dK/dV kernel (head dim 128 on Hopper)
+    int untied = 0;        // head-chunked attention (Untied Ulysses on one GPU)
+    bool fused = false;    // --attention fused: dQ summed in fp32 by the dK/dV kernel (head dim 128 on Hopper)
+    bool savings = false;  // stage 7's --one-offload-slot, --grad-in-att-output, --dq-sums-in-staging
 };
 
 class Techniques : public ::testing::TestWithParam<std::string> {};
@@ -76,13 +77,14 @@ TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
     printf("  attention kernels: %s\n",
            attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "attention_hopper.cu" : "attention.cu");
     cfg.n_layers = 4;
-    cfg.vocab_pieces = cfg.tied_embeddings ? 1 : 3;  // the LM head whole, and in pieces (lm_head_in_pieces)
+    StepOptions base;
+    base.vocab_pieces = cfg.tied_embeddings ? 1 : 3;  // the LM head whole, and in pieces (--vocab-pieces)
     const int B = 2;
     const int64_t S = 150;  // 300 tokens: chunks of 48 and 40 leave ragged tails
-    printf("  %d units, %lld parameters\n", param_layout(cfg).num_units(), (long long)count_params(cfg));
+    printf("  %d units, %lld parameters\n", param_layout(cfg, base.vocab_pieces).num_units(), (long long)count_params(cfg));
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
-    StepResult plain = run_variant(cfg, StepOptions(), B, S, seed);
+    StepResult plain = run_variant(cfg, base, B, S, seed);
     // fsdp on one GPU runs the whole shard / gather / reduce-scatter machinery with N = 1.
     const Variant variants[] = {
         {"ckpt", true, false, false, false, false},
@@ -101,12 +103,20 @@ TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
         {"fused attention", false, false, false, false, false, 0, true},
         {"fused ckpt offload fsdp", true, false, true, false, true, 0, true},
         {"fused untied=2 chunked", true, false, false, true, false, 2, true},
+        // Stage 7's savings: one offload slot, Untied's d normalized input in the attention
+        // output's memory, the fused dQ sums in Untied's staging.
+        {"ckpt offload one-slot", true, false, true, false, false, 0, false, true},
+        {"ckpt=selective offload one-slot", true, true, true, false, false, 0, false, true},
+        {"fsdp chunked ckpt offload one-slot", true, false, true, true, true, 0, false, true},
+        {"untied=1 savings", true, false, true, false, false, 1, false, true},
+        {"fused untied=2 chunked savings", true, false, true, true, false, 2, true, true},
     };
     for (const Variant& v : variants) {
         SCOPED_TRACE(v.name);
-        StepOptions o;
+        StepOptions o = base;
         o.ckpt = v.ckpt, o.selective = v.selective, o.offload = v.offload, o.chunked = v.chunked, o.fsdp = v.fsdp;
         o.untied = v.untied, o.fused_attention = v.fused;
+        o.one_offload_slot = o.grad_in_att_output = o.dq_sums_in_staging = v.savings;
         if (v.chunked) o.chunk_tokens = 48, o.loss_chunk_tokens = 40;
         StepResult r = run_variant(cfg, o, B, S, seed);
         double grad_err = rel_error(r.grads, plain.grads);
@@ -128,11 +138,37 @@ TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
     }
 }
 
+// Stage 7's savings other than --vocab-pieces change where bytes live, not what is computed: the
+// talk's stage 6 and the same with one offload slot, Untied's normalized-input gradient in the
+// attention output's memory and the fused dQ sums in its staging give the same loss, gradients
+// and loss curve bit for bit, with the lean and the fused backward.
+TEST_P(Techniques, SavingsAreTheTalksStackBitForBit) {
+    REQUIRE_GPU();
+    LlamaConfig cfg = config_by_name(GetParam());
+    cfg.n_layers = 4;
+    const int B = 2;
+    const int64_t S = 150;
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
+    for (bool fused : {false, true}) {
+        StepOptions talk;
+        apply_stage(talk, 6);
+        talk.chunk_tokens = 48, talk.loss_chunk_tokens = 40, talk.fused_attention = fused;
+        StepOptions ours = talk;
+        ours.one_offload_slot = ours.grad_in_att_output = ours.dq_sums_in_staging = true;
+        const StepResult a = run_variant(cfg, talk, B, S, seed), b = run_variant(cfg, ours, B, S, seed);
+        printf("  %s backward: stage 6 loss %.6f, with the savings %.6f\n", fused ? "fused" : "lean", a.loss, b.loss);
+        EXPECT_EQ(a.loss, b.loss) << (fused ? "fused" : "lean");
+        EXPECT_TRUE(a.grads == b.grads) << (fused ? "fused" : "lean") << ": rel error " << rel_error(a.grads, b.grads);
+        EXPECT_EQ(a.curve, b.curve) << (fused ? "fused" : "lean");
+    }
+}
+
 // --ckpt=selective --offload within a host budget (--host-mem-gib) that holds the attention
 // outputs of only K layers: those layers skip the attention rerun, and so do the D layers before
 // the last that keep theirs on the device (the room under the cap); the others rerun it. Either
 // way the same kernels see the same inputs, so the step equals --ckpt --offload bit for bit, for
-// every K and D.
+// every K and D, with the talk's two offload slots and stage 7's one.
 TEST_P(Techniques, SelectiveWithinHostBudgetIsCkptBitForBit) {
     REQUIRE_GPU();
     LlamaConfig cfg = config_by_name(GetParam());
@@ -143,9 +179,10 @@ TEST_P(Techniques, SelectiveWithinHostBudgetIsCkptBitForBit) {
     SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
     const double T = B * S;
     const double inputs = cfg.n_layers * T * cfg.dim * 2, per_layer = T * cfg.q_dim() * 2 + (double)B * cfg.n_heads * S * 4;
-    for (int untied : {0, 1}) {
+    for (int untied : {0, 1})
+    for (bool one_slot : {false, true}) {
         StepOptions full;
-        full.ckpt = full.offload = true, full.untied = untied;
+        full.ckpt = full.offload = true, full.untied = untied, full.one_offload_slot = one_slot;
         StepResult ref = run_variant(cfg, full, B, S, seed);
         for (int K = 0; K < cfg.n_layers; K++) {
             const int room = cfg.n_layers - 1 - K;  // layers that could keep theirs on the device
@@ -166,8 +203,9 @@ TEST_P(Techniques, SelectiveWithinHostBudgetIsCkptBitForBit) {
                 for (int l = 0; l < cfg.n_layers; l++)
                     EXPECT_EQ(attention_kept(plan, l), l < K || l >= cfg.n_layers - 1 - D) << "K " << K << " D " << D;
                 StepResult r = run_variant(cfg, o, B, S, seed, D);
-                printf("  untied=%d, attention kept on the host for %d and on the device for %d of %d layers: loss %.6f "
-                       "(--ckpt %.6f)\n", untied, K, D, cfg.n_layers, r.loss, ref.loss);
+                printf("  untied=%d, %d offload slot%s, attention kept on the host for %d and on the device for %d of %d "
+                       "layers: loss %.6f (--ckpt %.6f)\n", untied, one_slot ? 1 : 2, one_slot ? "" : "s", K, D,
+                       cfg.n_layers, r.loss, ref.loss);
                 EXPECT_EQ(r.loss, ref.loss) << "K " << K << " D " << D;
                 EXPECT_TRUE(r.grads == ref.grads) << "K " << K << " D " << D << ": rel error " << rel_error(r.grads, ref.grads);
                 EXPECT_EQ(r.curve, ref.curve) << "K " << K << " D " << D;
@@ -181,7 +219,9 @@ TEST_P(Techniques, SelectiveWithinHostBudgetIsCkptBitForBit) {
 // and attention output (Wo and the MLP of layer l-1 again, the forward's kernels on the forward's
 // inputs), so the step still equals --ckpt --offload bit for bit. Six layers: n = 1 and 2, with
 // the layers after the host's keeping theirs on the device (layer 3, rebuilt, among them when
-// K = 3, D = 2); Untied, and FSDP with chunks (the rebuild overwrites the input chunk by chunk).
+// K = 3, D = 2); Untied, and FSDP with chunks; with one offload slot (the rebuild overwrites the
+// input chunk by chunk) and with two (the rebuild writes the other slot, and the layer below then
+// finds its input in place).
 TEST_P(Techniques, RebuiltInputsAreCkptBitForBit) {
     REQUIRE_GPU();
     LlamaConfig cfg = config_by_name(GetParam());
@@ -195,11 +235,13 @@ TEST_P(Techniques, RebuiltInputsAreCkptBitForBit) {
     struct Base {
         const char* name;
         int untied;
-        bool fsdp_chunked;
+        bool fsdp_chunked, one_slot;
     };
-    for (const Base& base : {Base{"", 0, false}, Base{"untied=1", 1, false}, Base{"fsdp chunked", 0, true}}) {
+    for (const Base& base : {Base{"one slot", 0, false, true}, Base{"two slots", 0, false, false},
+                             Base{"untied=1, one slot", 1, false, true}, Base{"fsdp chunked, one slot", 0, true, true},
+                             Base{"fsdp chunked, two slots", 0, true, false}}) {
         StepOptions full;
-        full.ckpt = full.offload = true, full.untied = base.untied;
+        full.ckpt = full.offload = true, full.untied = base.untied, full.one_offload_slot = base.one_slot;
         if (base.fsdp_chunked) full.fsdp = full.chunked = true, full.chunk_tokens = 48, full.loss_chunk_tokens = 40;
         StepResult ref = run_variant(cfg, full, B, S, seed);
         for (int n : {1, 2})
@@ -220,8 +262,8 @@ TEST_P(Techniques, RebuiltInputsAreCkptBitForBit) {
                     ASSERT_EQ(plan.plan.att_host_layers, K);
                     ASSERT_EQ(plan.plan.att_device_layers, D);
                     for (int l = 0; l < L; l++)
-                        EXPECT_EQ(offload_input_rebuilt(plan, l), l % 2 == 1 && l < 2 * n) << "layer " << l;
-                    EXPECT_EQ(offload_host_bytes(plan), (int64_t)((L - n) * input) + (int64_t)(K * per_layer));
+                        EXPECT_EQ(selective_input_rebuilt(plan, l), l % 2 == 1 && l < 2 * n) << "layer " << l;
+                    EXPECT_EQ(model_host_bytes(plan), (int64_t)((L - n) * input) + (int64_t)(K * per_layer));
                     StepResult r = run_variant(cfg, o, B, S, seed, D);
                     printf("  %s: %d inputs rebuilt, attention kept on the host for %d and on the device for %d of %d "
                            "layers: loss %.6f (--ckpt %.6f)\n", base.name, n, K, D, L, r.loss, ref.loss);
@@ -240,12 +282,12 @@ TEST(SimWorld, GatheredUnitsHoldTheWholeModel) {
     REQUIRE_GPU();
     for (const char* name : {"tiny", "tiny-untied"}) {
         LlamaConfig cfg = config_by_name(name);
-        cfg.vocab_pieces = 3;  // the embedding and the LM head span several units (the head's two passes)
         const uint64_t seed = 11;
         cudaStream_t s;
         CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         auto make = [&](Model& m, DeviceMemory& dm, int world) {
             m.cfg = cfg;
+            m.opt.vocab_pieces = 3;  // the embedding and the LM head span several units (the head's two passes)
             m.opt.fsdp = world > 1;
             m.world = world;
             if (world > 1) m.comm = comm_fake(world), m.owns_comm = true;

@@ -1,0 +1,128 @@
+// savings.cu - beyond the talk (ladder stage 7): four memory savings of our own on top of the
+// talk's six techniques, one flag each. --stage 7 turns all four on. None changes what the step
+// computes but the head's rounding (below); each takes a buffer the textbook stack holds and
+// finds its bytes elsewhere.
+//
+// 1. --vocab-pieces[=N]: the embedding and the LM head in units of vocabulary rows.
+//    The talk's FSDP gathers each table whole, so its two gathered slots and two unit gradients,
+//    sized by the largest unit, hold a table: 12 bytes x V D. Cut into N pieces of about a
+//    layer's size (N = 3 for Llama 3.1 8B, common.h param_layout), they hold a layer:
+//        comm:   12 V D -> 12 x the largest unit      (8B: 5.87 -> 2.44 GiB)
+//        other:  logits 2 C_loss V -> 2 C_loss V / N  (8B: 1.00 -> 0.33 GiB under --chunked)
+//    Cost: a token's loss needs all its logits (their log-sum-exp), so the head takes two
+//    passes over the pieces (lm_head_in_pieces, below): the logits GEMM twice, 2 T D V FLOPs
+//    more per step (0.04% of an 8B step at 3M tokens, 2% at 8K), and d norm(x) summed over the
+//    pieces in bf16, rounded once per piece. Every unit of the step comes in the order
+//    fsdp_unit_order lists (fsdp.cu).
+//
+// 2. --one-offload-slot: the block inputs staged through one device slot instead of two.
+//    A layer's MLP writes the layer's output over its input, chunk by chunk (the output's rows
+//    t0..t1 need only the input's rows t0..t1), once the input's copy to the host is done; the
+//    last layer's output, the head's input, ends in the slot too.
+//        other:  2 T 2D -> T 2D                       (8B at 3M on 8 GPUs: 6 -> 3 GiB)
+//    Cost: the backward cannot fetch the next layer's input ahead: each input's copy back waits
+//    for the slot, T 2D bytes at about 55 GB/s exposed per layer (8B at 3M: 58 ms against about a
+//    minute of the layer's backward), and every layer's input, the last one's too, is fetched.
+//
+// 3. --grad-in-att-output: Untied Ulysses's gradient of the normalized input, T x D, in the
+//    memory of the layer's attention output (T x Hq d, at least as wide for Llama).
+//    Untied's backward sums dxn1 = d q|k|v Wqkv over the head chunks into a buffer of its own.
+//    The attention output is read only for the deltas, rowsum(d out * out); taking every chunk's
+//    delta before the first chunk frees its memory for dxn1:
+//        other:  T 2D -> 0                            (8B at 3M on 8 GPUs: 3 GiB)
+//    Cost: each chunk's d out is computed twice, for its delta first and again for its backward,
+//    2 T D Hq d FLOPs per layer (8B at 3M: 13 TFLOP, about 20 ms of a layer's minute).
+//
+// 4. --dq-sums-in-staging: the fused backward's fp32 dQ sums (--attention fused) in Untied's
+//    all-to-all staging. While a head chunk's attention backward runs, its send and receive
+//    blocks hold nothing (d out has gone to head-sharded, dq comes back after), and the sums,
+//    4 S K d bytes, are the blocks' size:
+//        attention: 4 S K d -> 0                      (8B at 3M, K = 1: 1.5 GiB)
+//    Cost: none.
+//
+// With all four, Llama 3.1 8B at 3M tokens on 8 GPUs plans 39.1 GiB per GPU where the talk's
+// stack (stage 6) plans 48.8 (the ladder: ./train --ladder --plan --config llama3.1-8b --seq-len 3M).
+//
+// Where stage 7 changes the step:
+//   llama.cu model_declare_buffers   param_layout with --vocab-pieces; savings_plan after the
+//                                    talk's plans
+//   savings_plan                     one staging slot (offload.cu's slot_of: l % 1); Untied's
+//                                    dQ sums without a buffer of their own
+//   llama.cu head_forward_backward   lm_head_in_pieces where the head comes in pieces;
+//                                    embedding_lookup walks the pieces; fsdp.cu fsdp_unit_order
+//   llama.cu layer_forward           offload_before_layer_output: with one slot, the wait for
+//                                    the input's copy before the MLP writes over it
+//   untied.cu untied_declare_buffers, untied_attention_backward
+//                                    dxn1 in the attention output (untied_grad_in_att_output),
+//                                    all deltas first; the staging sized for the dQ sums
+#include "llama.h"
+
+void savings_plan(Model& m) {
+    if (m.opt.one_offload_slot && m.plan.x_in == Hold::ON_HOST) m.plan.x_slots = 1;
+    if (m.untied && m.opt.dq_sums_in_staging) m.plan.dq_sums_buffer = false;
+}
+
+bool untied_grad_in_att_output(const Model& m) {
+    return m.opt.grad_in_att_output && m.cfg.q_dim() >= m.cfg.dim;
+}
+
+// The LM head in k pieces of vocabulary rows, one unit at a time, in two passes:
+//   the loss:     per piece and loss chunk, logits = norm(x) W_p^T, and per token the running
+//                 max and sum of exponentials, and its target's logit in the piece that has it;
+//                 then per token lse and the loss
+//   the backward: per piece and chunk, the logits again, turned into d logits in place with the
+//                 lse; d norm(x) += d logits W_p, summed over the pieces in dres (bf16), and
+//                 dW_p += d logits^T norm(x) (fp32, the piece's gradient unit)
+// then the final norm's backward turns d norm(x) into d x_final, chunk by chunk. Every piece's
+// unit is acquired here (FSDP: gathered; the final norm's unit is held by the caller).
+static void head_loss_pass(Model& m, cudaStream_t s) {
+    const ParamLayout& lay = m.layout;
+    const ParamKind head = lm_head_kind(m);
+    for (int p = 0; p < lay.vocab_pieces(); p++) {
+        const int64_t v0 = lay.piece_row[p], V = lay.piece_rows(p);
+        fsdp_acquire(m, m.piece_unit(head, p), s);
+        for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
+            final_norm_forward(m, t0, n, s);
+            linear_forward(m.logits, m.xnf, m.w_piece(head, p), nullptr, n, m.cfg.dim, V, s);
+            cross_entropy_piece_stats(m.logits, n, (int)V, v0, m.targets + t0, m.token_lse + t0, m.token_sumexp + t0,
+                                      m.target_logit + t0, p == 0, s);
+        });
+        fsdp_release(m, m.piece_unit(head, p), s);
+    }
+    cross_entropy_piece_loss(m.losses, m.token_lse, m.token_sumexp, m.target_logit, m.targets, m.shape.tokens(), s);
+}
+
+static void head_backward_pass(Model& m, cudaStream_t s) {
+    const ParamLayout& lay = m.layout;
+    const ParamKind head = lm_head_kind(m);
+    const int64_t D = m.cfg.dim;
+    for (int p = 0; p < lay.vocab_pieces(); p++) {
+        const int64_t v0 = lay.piece_row[p], V = lay.piece_rows(p);
+        const int u = m.piece_unit(head, p);
+        fsdp_acquire(m, u, s);
+        fsdp_grad_begin(m, u, s);
+        for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
+            bf16* dxn = m.dres + t0 * D;  // d norm(x) of the chunk, summed over the pieces
+            final_norm_forward(m, t0, n, s);
+            linear_forward(m.logits, m.xnf, m.w_piece(head, p), nullptr, n, D, V, s);
+            cross_entropy_piece_backward(m.logits, n, (int)V, v0, m.token_lse + t0, m.targets + t0,
+                                         loss_grad_scale(m), s);
+            gemm_rm(false, false, n, D, V, m.logits, V, m.w_piece(head, p), D, dxn, D, false, 1.f, p == 0 ? 0.f : 1.f,
+                    dxn, s);
+            linear_backward_weight(m.g_piece(head, p), m.logits, m.xnf, n, D, V, s);
+        });
+        fsdp_grad_end(m, u, !m.cfg.tied_embeddings, s);  // tied: the lookup adds the rest at the end
+        fsdp_release(m, u, s);
+    }
+}
+
+void lm_head_in_pieces(Model& m, cudaStream_t s) {
+    head_loss_pass(m, s);
+    head_backward_pass(m, s);
+    const int64_t D = m.cfg.dim;
+    for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {  // dres: d norm(x) -> d x_final
+        final_norm_forward(m, t0, n, s);
+        CUDA_CHECK(cudaMemcpyAsync(m.dxn, m.dres + t0 * D, n * D * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+        final_norm_backward(m, t0, n, m.dxn, s);
+    });
+}
