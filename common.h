@@ -106,6 +106,14 @@ inline std::vector<LlamaConfig> known_configs() {
     c.head_dim = 128; c.ffn_dim = 2816; c.vocab = 8192; c.tied_embeddings = true;
     c.rope_scaling = {true, 32.0, 1.0, 4.0, 8192};
     all.push_back(c);
+    // Learning at long context (--task induction): small enough to train in minutes, with a
+    // vocabulary as large as Llama 3's, so that a sequence's first half of up to 128K tokens can
+    // be drawn without repeats.
+    c = LlamaConfig();
+    c.name = "mini"; c.dim = 512; c.n_layers = 4; c.n_heads = 4; c.n_kv_heads = 2;
+    c.head_dim = 128; c.ffn_dim = 1536; c.vocab = 131072; c.tied_embeddings = true;
+    c.rope_scaling = {true, 32.0, 1.0, 4.0, 8192};
+    all.push_back(c);
     return all;
 }
 

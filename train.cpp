@@ -107,11 +107,14 @@ static const std::vector<Flag>& flags() {
         {"--seq-len", Takes::VALUE, " N", 0, "tokens per sequence; suffixes K (x1024) and M (x1024^2), e.g. 8K, 3M (default 8K)",
          [](Options& o, V f, V v) { o.seq_len = parse_tokens(f, v); }},
         {"--batch", Takes::VALUE, " N", 0, "sequences per step (default 1)", [](Options& o, V f, V v) { o.batch = (int)parse_int(f, v, 1, 1 << 20); }},
-        {"--task", Takes::VALUE, " copy|random", 0,
-         "synthetic data: copy = second half repeats the first (learnable only by\n"
-         "attending far back; only that half is scored), random = uniform tokens (default copy)",
+        {"--task", Takes::VALUE, " copy|induction|random", 0,
+         "synthetic data: copy = the second half repeats the first (only that half is scored);\n"
+         "induction = the same with the first half's tokens all different, so each one of the\n"
+         "second half is found by looking up the token before it in the first half, however far\n"
+         "back (an induction head); random = uniform tokens (default copy)",
          [](Options& o, V, V v) { o.task = v; }},
-        {"--task-vocab", Takes::VALUE, " N", 0, "synthetic tokens are drawn from [0, N) (default min(1024, vocabulary))",
+        {"--task-vocab", Takes::VALUE, " N", 0,
+         "synthetic tokens are drawn from [0, N) (default min(1024, vocabulary); induction: the vocabulary)",
          [](Options& o, V f, V v) { o.task_vocab = (int)parse_int(f, v, 2, 1 << 30); }},
         {"--seed", Takes::VALUE, " N", 0, "weights and data; the same seed gives the same losses (default 1234)",
          [](Options& o, V f, V v) { o.seed = (uint64_t)parse_int(f, v, 0, INT64_MAX); }},
@@ -275,9 +278,9 @@ static const Flag& find_flag(const std::string& name, const char* as_typed) {
 
 // What the flags imply and what they cannot be given with; a usage error names the conflict.
 static void check_options(Options& o) {
-    if (o.task != "copy" && o.task != "random")
-        usage_error("--task must be 'copy' or 'random', got '" + o.task + "'");
-    if (o.task == "copy" && o.seq_len < 4) usage_error("--task copy needs --seq-len of at least 4");
+    if (o.task != "copy" && o.task != "induction" && o.task != "random")
+        usage_error("--task must be 'copy', 'induction' or 'random', got '" + o.task + "'");
+    if (o.task != "random" && o.seq_len < 4) usage_error("--task " + o.task + " needs --seq-len of at least 4");
     if (o.seq_len > (int64_t)1 << 40) usage_error("--seq-len is beyond anything addressable");
     const StepOptions& s = o.step;
     const bool techniques = o.stage >= 0 || s.fsdp || s.ulysses || s.ckpt || s.offload || s.chunked || s.untied ||
@@ -364,20 +367,34 @@ void SyntheticData::next(int32_t* tokens, int32_t* targets, int batch, int64_t s
         }
         return;
     }
-    // Each sequence is seq + 1 tokens z; inputs z[0..seq-1], targets z[1..seq].
+    // Each sequence is seq + 1 tokens z; inputs z[0..seq-1], targets z[1..seq]. copy and
+    // induction: z[half + i] = z[i], and only those targets are scored.
+    const bool repeats = task == "copy" || task == "induction";
     std::vector<int32_t> z(seq + 1);
     for (int b = 0; b < batch; b++) {
-        int64_t half = (seq + 1) / 2;
+        const int64_t half = (seq + 1) / 2;
+        if (task == "induction") {  // a fresh pool each sequence: the sampler's state stays one number
+            pool.resize(vocab);
+            for (int32_t v = 0; v < vocab; v++) pool[v] = v;
+        }
         for (int64_t i = 0; i <= seq; i++) {
-            bool copied = task == "copy" && i >= half && i < 2 * half;
-            z[i] = copied ? z[i - half] : (int32_t)(next_u32() % (uint32_t)vocab);
+            const bool copied = repeats && i >= half && i < 2 * half;
+            z[i] = copied ? z[i - half] : task == "induction" && i < half ? next_distinct(i) : (int32_t)(next_u32() % (uint32_t)vocab);
         }
         for (int64_t i = 0; i < seq; i++) {
             tokens[b * seq + i] = z[i];
-            bool scored = task != "copy" || (i + 1 >= half && i + 1 < 2 * half);
+            const bool scored = !repeats || (i + 1 >= half && i + 1 < 2 * half);
             targets[b * seq + i] = scored ? z[i + 1] : -1;
         }
     }
+}
+
+// The i-th token of a sample without repeats from [0, vocab): one step of a Fisher-Yates shuffle
+// of the pool, whose first i entries are the sample so far.
+int32_t SyntheticData::next_distinct(int64_t i) {
+    const int64_t j = i + (int64_t)(next_u64() % (uint64_t)(vocab - i));
+    std::swap(pool[i], pool[j]);
+    return pool[i];
 }
 
 double lr_at(const Options& o, int step) {
@@ -678,7 +695,11 @@ struct Run {
 static void plan_run(Run& r) {
     Options& o = r.o;
     r.cfg = resolve_config(o);
-    if (o.task_vocab < 0) o.task_vocab = std::min(1024, r.cfg.vocab);
+    if (o.task_vocab < 0) o.task_vocab = o.task == "induction" ? r.cfg.vocab : std::min(1024, r.cfg.vocab);
+    if (o.task == "induction" && o.data_path.empty() && o.task_vocab < (o.seq_len + 1) / 2)
+        usage_error("--task induction draws the first half of a sequence, " + std::to_string((o.seq_len + 1) / 2) +
+                    " tokens, without repeats: --task-vocab " + std::to_string(o.task_vocab) + " is too few (" +
+                    r.cfg.name + "'s vocabulary: " + std::to_string(r.cfg.vocab) + ")");
     r.simulated = r.launch.world == 1 && o.sim_world > 1;
     // --plan --nproc N plans for N GPUs without starting them.
     r.world = r.simulated ? o.sim_world : (r.launch.world > 1 ? r.launch.world : std::max(1, o.nproc));
@@ -1052,7 +1073,7 @@ static void print_training(const Run& r, const SyntheticData& data) {
            o.attention != "auto" || !r.fast_attention ? ""
            : o.step.fused_attention                   ? " (auto: its fp32 dQ sums fit)"
                                                       : " (auto: the fused backward's fp32 dQ sums would not fit on every GPU)");
-    if (!data.file && o.task == "copy")
+    if (!data.file && o.task != "random")
         printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
 }
 

@@ -21,7 +21,7 @@ struct Options {
     double weight_decay = 0.1;
     double grad_clip = 1.0;
     uint64_t seed = 1234;
-    std::string task = "copy";  // copy | random
+    std::string task = "copy";  // copy | induction | random
     int task_vocab = -1;        // synthetic tokens are drawn from [0, task_vocab); -1: min(1024, vocab)
     double mem_cap_gib = 0;     // 0: no cap beyond the card
     double peak_tflops = 0;     // MFU denominator; 0: from the GPU's name
@@ -76,6 +76,8 @@ extern const char* FUSED_NEEDS_FAST_KERNELS;
 
 // Synthetic data (no download). copy: each sequence is h random tokens followed by the same h
 // tokens again; only targets that can be predicted by looking back are scored (the rest are -1).
+// induction: the same with the first h tokens all different, so that the token before each
+// scored one occurs once in the first half: an induction head finds it however far back.
 // random: uniform tokens, every target scored (the loss cannot go below log(task_vocab)).
 // With a token file (--data), each sequence is a window of seq + 1 tokens at a random offset:
 // tokens are its first seq, targets its last seq. `state` is all there is to the sampler: the
@@ -86,11 +88,13 @@ struct SyntheticData {
     uint64_t state;
     const TokenFile* file = nullptr;
     std::vector<uint64_t> offsets;  // with a file: where the last call's windows start
+    std::vector<int32_t> pool;      // induction: the tokens, shuffled as they are drawn without repeats
     SyntheticData(const std::string& task_, int vocab_, uint64_t seed) : task(task_), vocab(vocab_), state(seed) {}
     // Fill tokens and targets for `batch` sequences of `seq` tokens.
     void next(int32_t* tokens, int32_t* targets, int batch, int64_t seq);
     uint64_t next_u64();
     uint32_t next_u32() { return (uint32_t)(next_u64() >> 32); }
+    int32_t next_distinct(int64_t i);
 };
 
 // The memory plan of a run (dry run of the arena): per category, plus pinned host bytes.

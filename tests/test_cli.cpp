@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <functional>
 
 #include "../llama.h"
@@ -154,6 +155,38 @@ TEST(SyntheticData, CopyTaskRepeatsAndScoresOnlyTheCopy) {
     d3.next(tok3.data(), tgt3.data(), B, S);
     EXPECT_EQ(tok, tok2);
     EXPECT_NE(tok, tok3);
+}
+
+// induction: the first half's tokens all differ, the second half repeats them, and only the
+// repeat is scored; each scored token follows the one occurrence of its predecessor in the first
+// half. The same seed gives the same data; a first half longer than the vocabulary is refused.
+TEST(SyntheticData, InductionTaskHasOneEarlierOccurrence) {
+    const int vocab = 5000;
+    const int64_t S = 8191, half = (S + 1) / 2;  // 4096 distinct tokens
+    SyntheticData d("induction", vocab, 3), again("induction", vocab, 3);
+    std::vector<int32_t> tok(2 * S), tgt(2 * S), tok2(2 * S), tgt2(2 * S);
+    d.next(tok.data(), tgt.data(), 2, S);
+    again.next(tok2.data(), tgt2.data(), 2, S);
+    EXPECT_EQ(tok, tok2);
+    EXPECT_EQ(tgt, tgt2);
+    for (int b = 0; b < 2; b++) {
+        const int32_t* t = tok.data() + b * S;
+        std::set<int32_t> first(t, t + half);
+        EXPECT_EQ((int64_t)first.size(), half) << "sequence " << b;
+        for (int64_t i = 0; i < S; i++) {
+            ASSERT_GE(t[i], 0);
+            ASSERT_LT(t[i], vocab);
+            if (i >= half) EXPECT_EQ(t[i], t[i - half]);
+            const bool scored = i + 1 >= half;
+            EXPECT_EQ(tgt[b * S + i] >= 0, scored) << i;
+        }
+    }
+    EXPECT_NE(std::vector<int32_t>(tok.begin(), tok.begin() + half), std::vector<int32_t>(tok.begin() + S, tok.begin() + S + half));
+    if (std::ifstream("./train").good()) {
+        CommandResult r = run_command("./train --plan --config mini --seq-len 512K --task induction");
+        EXPECT_EQ(r.code, 2) << r.output;
+        EXPECT_NE(r.output.find("without repeats"), std::string::npos) << r.output;
+    }
 }
 
 TEST(SyntheticData, RandomTaskScoresEverything) {
