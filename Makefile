@@ -28,6 +28,9 @@ RUN_ARGS  ?= --config llama3.2-3b --seq-len 8K --steps 30 --lr 3e-4 --task copy
 HEADERS   := common.h llama.h train.h attention_ptx.cuh
 LIB_OBJS  := build/llama.o build/attention.o build/attention_hopper.o build/checkpointing.o build/chunked.o build/offload.o build/fsdp.o \
              build/ulysses.o build/untied.o build/comm.o build/files.o build/timeline.o
+# The readers of input files: host code (json.h, input_files.h), also built into the fuzz targets.
+LIB_OBJS  += build/json.o build/input_files.o
+build/json.o build/input_files.o build/files.o build/tests/test_files.o: json.h input_files.h
 TEST_BINS := build/tests/test_reference build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \
              build/tests/test_files build/tests/test_hf

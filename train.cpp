@@ -180,6 +180,11 @@ Options parse_options(int argc, char** argv) {
             if (i + 1 >= argc) usage_error(arg + " needs a value");
             return argv[++i];
         };
+        auto need_path = [&]() -> std::string {  // an empty path would read as "not given"
+            std::string v = need();
+            if (v.empty()) usage_error(arg + " needs a path, got an empty one");
+            return v;
+        };
         auto flag_only = [&]() {
             if (has_value) usage_error(arg + " takes no value");
         };
@@ -208,10 +213,10 @@ Options parse_options(int argc, char** argv) {
         else if (arg == "--timeline") o.timeline_path = need();
         else if (arg == "--mem-trace") o.mem_trace_path = need();
         else if (arg == "--dump") o.dump_path = need();
-        else if (arg == "--init-from") o.init_from = need();
+        else if (arg == "--init-from") o.init_from = need_path();
         else if (arg == "--save-to") o.save_to = need();
         else if (arg == "--save-dtype") o.save_dtype = need();
-        else if (arg == "--data") o.data_path = need();
+        else if (arg == "--data") o.data_path = need_path();
         else if (arg == "--state-dir") o.state_dir = need();
         else if (arg == "--state-every") o.state_every = (int)parse_int(arg, need(), 1, 1 << 30);
         else if (arg == "--resume") flag_only(), o.resume = true;

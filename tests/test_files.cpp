@@ -16,6 +16,7 @@
 #include <regex>
 #include <sstream>
 
+#include "../input_files.h"
 #include "../llama.h"
 #include "../train.h"
 #include "test_util.h"
