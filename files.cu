@@ -14,6 +14,10 @@
 // Token files: a documented flat format (see README): 8-byte magic "LLTOKENS", uint32 version 1,
 // uint32 bytes per token (4), uint64 count, then count little-endian uint32 tokens.
 //
+// What reads the files a run is given (opening them, token file and safetensors headers, the
+// index, config.json, and the JSON under them) is host code in input_files.h and json.h, so a
+// fuzzer builds it without CUDA (tests/fuzz/); this file maps what they accept onto the model.
+//
 // Training state (--state-dir, --resume): per GPU its fp32 master weights, AdamW moments
 // (its shards under --fsdp), the step and the data sampler's state, in DIR/step-N/rank-R.state;
 // then DIR/latest names step-N. Every file is written as a temporary, fsynced and renamed, and

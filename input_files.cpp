@@ -147,15 +147,15 @@ std::vector<int64_t> unsigned_list(const JsonValue& v, const std::string& field)
     return out;
 }
 
-// Elements times bytes per element, or -1 when that exceeds `limit` (no overflow on the way).
-int64_t tensor_bytes(const std::vector<int64_t>& shape, int element_bytes, uint64_t limit) {
-    uint64_t n = (uint64_t)element_bytes;
+// Elements times bytes per element, or -1 past 2^63 (checked before each product overflows).
+int64_t tensor_bytes(const std::vector<int64_t>& shape, int element_bytes) {
+    if (std::count(shape.begin(), shape.end(), 0)) return 0;
+    int64_t n = element_bytes;
     for (int64_t d : shape) {
-        if (d == 0) return 0;
-        if (n > limit / (uint64_t)d) return -1;
-        n *= (uint64_t)d;
+        if (n > INT64_MAX / d) return -1;
+        n *= d;
     }
-    return n > limit ? -1 : (int64_t)n;
+    return n;
 }
 
 StEntry read_entry(const JsonMember& m, uint64_t data_size, const std::string& p) {
@@ -176,10 +176,10 @@ StEntry read_entry(const JsonMember& m, uint64_t data_size, const std::string& p
     if (range[1] < range[0]) usage_error(t + ": data_offsets [begin, end] ends before it begins");
     e.begin = (uint64_t)range[0], e.end = (uint64_t)range[1];
     if (e.end > data_size) usage_error(t + " lies outside the file (truncated or corrupt)");
-    const int64_t want = tensor_bytes(e.shape, eb, data_size);
+    const int64_t want = tensor_bytes(e.shape, eb);
     if (want != (int64_t)(e.end - e.begin))
         usage_error(t + " has " + std::to_string(e.end - e.begin) + " bytes for its shape (" +
-                    (want < 0 ? "more than the file holds" : std::to_string(want)) + " expected)");
+                    (want < 0 ? "over 2^63" : std::to_string(want)) + " expected)");
     return e;
 }
 

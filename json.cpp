@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "common.h"
 
@@ -74,29 +75,31 @@ private:
         doc.nodes[at].end = (uint32_t)doc.nodes.size();
     }
 
+    // The comma-separated items of an array or an object, up to `close`, each read by
+    // read_item; returns how many there were.
+    template <class ReadItem>
+    uint32_t items(char close, ReadItem read_item) {
+        if (next() == close) return i++, 0;
+        for (uint32_t count = 1;; count++) {
+            read_item();
+            const char c = next();
+            if (c == close) return i++, count;
+            if (c != ',') fail(std::string("',' or '") + close + "' expected, found " + shown_char(c));
+            i++;
+        }
+    }
+
     void object(uint32_t at, int depth) {
         const size_t start = i++;
         doc.nodes[at].kind = JsonKind::Object;
-        uint32_t count = 0;
-        if (next() != '}') {
-            while (true) {
-                if (next() != '"') fail("a key (a string) expected, found " + shown_char(s[i]));
-                const uint32_t key = add(JsonKind::String);
-                string(key);
-                doc.nodes[key].end = key + 1;
-                expect(':');
-                value(depth + 1);
-                count++;
-                if (next() == ',') {
-                    i++;
-                    continue;
-                }
-                if (s[i] != '}') fail("',' or '}' expected, found " + shown_char(s[i]));
-                break;
-            }
-        }
-        i++;
-        doc.nodes[at].count = count;
+        doc.nodes[at].count = items('}', [&] {
+            if (next() != '"') fail("a key (a string) expected, found " + shown_char(s[i]));
+            const uint32_t key = add(JsonKind::String);
+            string(key);
+            doc.nodes[key].end = key + 1;
+            expect(':');
+            value(depth + 1);
+        });
         doc.nodes[at].end = (uint32_t)doc.nodes.size();  // the members are all read
         refuse_duplicate_keys(at, start);
     }
@@ -117,21 +120,7 @@ private:
     void array(uint32_t at, int depth) {
         i++;
         doc.nodes[at].kind = JsonKind::Array;
-        uint32_t count = 0;
-        if (next() != ']') {
-            while (true) {
-                value(depth + 1);
-                count++;
-                if (next() == ',') {
-                    i++;
-                    continue;
-                }
-                if (s[i] != ']') fail("',' or ']' expected, found " + shown_char(s[i]));
-                break;
-            }
-        }
-        i++;
-        doc.nodes[at].count = count;
+        doc.nodes[at].count = items(']', [&] { value(depth + 1); });
     }
 
     void literal(uint32_t at) {
@@ -297,23 +286,28 @@ std::string_view JsonValue::string() const {
 }
 size_t JsonValue::size() const { return is(JsonKind::Array) || is(JsonKind::Object) ? doc_->nodes[at_].count : 0; }
 
-JsonValue::Elements JsonValue::elements() const {
+JsonRange<JsonValue> JsonValue::elements() const {
     const uint32_t end = is(JsonKind::Array) ? doc_->nodes[at_].end : at_ + 1;
-    return Elements(doc_, at_ + 1, end);
+    return JsonRange<JsonValue>(doc_, at_ + 1, end);
 }
-JsonValue::Members JsonValue::members() const {
+JsonRange<JsonMember> JsonValue::members() const {
     const uint32_t end = is(JsonKind::Object) ? doc_->nodes[at_].end : at_ + 1;
-    return Members(doc_, at_ + 1, end);
+    return JsonRange<JsonMember>(doc_, at_ + 1, end);
 }
-JsonValue::Elements::Iter& JsonValue::Elements::Iter::operator++() {
-    at_ = d_->nodes[at_].end;
+
+template <class Item>
+Item JsonRange<Item>::Iter::operator*() const {
+    if constexpr (std::is_same_v<Item, JsonMember>) return {JsonValue(d_, at_).string(), JsonValue(d_, at_ + 1)};
+    else return JsonValue(d_, at_);
+}
+template <class Item>
+typename JsonRange<Item>::Iter& JsonRange<Item>::Iter::operator++() {
+    const uint32_t value = std::is_same_v<Item, JsonMember> ? at_ + 1 : at_;  // a member: past its key
+    at_ = d_->nodes[value].end;
     return *this;
 }
-JsonMember JsonValue::Members::Iter::operator*() const { return {JsonValue(d_, at_).string(), JsonValue(d_, at_ + 1)}; }
-JsonValue::Members::Iter& JsonValue::Members::Iter::operator++() {
-    at_ = d_->nodes[at_ + 1].end;  // past the key and its value
-    return *this;
-}
+template class JsonRange<JsonValue>;
+template class JsonRange<JsonMember>;
 
 std::optional<JsonValue> JsonValue::get(std::string_view key) const {
     for (const JsonMember& m : members())

@@ -33,6 +33,8 @@ enum class JsonKind : uint8_t { Null, Bool, Number, String, Array, Object };
 
 class JsonDoc;
 struct JsonMember;
+template <class Item>
+class JsonRange;
 
 // One value of a JsonDoc (which must outlive it).
 class JsonValue {
@@ -47,14 +49,14 @@ public:
     size_t size() const;              // elements of an array, members of an object
 
     std::optional<JsonValue> get(std::string_view key) const;  // an object's member
-    class Elements;
-    class Members;
-    Elements elements() const;  // an array's (none for other kinds)
-    Members members() const;    // an object's, in file order (none for other kinds)
+    JsonRange<JsonValue> elements() const;  // an array's (none for other kinds)
+    JsonRange<JsonMember> members() const;  // an object's, in file order (none for other kinds)
 
 private:
     friend class JsonDoc;
     friend class JsonParser;
+    template <class>
+    friend class JsonRange;
     JsonValue(const JsonDoc* doc, uint32_t at) : doc_(doc), at_(at) {}
     const JsonDoc* doc_;
     uint32_t at_;  // node index
@@ -73,6 +75,8 @@ public:
 
 private:
     friend class JsonValue;
+    template <class>
+    friend class JsonRange;
     struct Node {
         JsonKind kind;
         bool integer = false;  // Number: lexically an integer, and within int64 (then `i` holds it)
@@ -92,14 +96,15 @@ private:
     friend class JsonParser;
 };
 
-// Ranges for range-for: an array's elements, an object's members (each member is a key node
-// followed by the value's nodes; the next member starts where the value ends).
-class JsonValue::Elements {
+// For range-for: an array's elements (Item JsonValue) or an object's members (Item JsonMember:
+// a key node followed by the value's nodes; the next member starts where the value ends).
+template <class Item>
+class JsonRange {
 public:
     class Iter {
     public:
         Iter(const JsonDoc* d, uint32_t at) : d_(d), at_(at) {}
-        JsonValue operator*() const { return JsonValue(d_, at_); }
+        Item operator*() const;
         Iter& operator++();
         bool operator!=(const Iter& o) const { return at_ != o.at_; }
 
@@ -107,34 +112,15 @@ public:
         const JsonDoc* d_;
         uint32_t at_;
     };
-    Elements(const JsonDoc* d, uint32_t first, uint32_t end) : first_(d, first), end_(d, end) {}
+    JsonRange(const JsonDoc* d, uint32_t first, uint32_t end) : first_(d, first), end_(d, end) {}
     Iter begin() const { return first_; }
     Iter end() const { return end_; }
 
 private:
     Iter first_, end_;
 };
-
-class JsonValue::Members {
-public:
-    class Iter {
-    public:
-        Iter(const JsonDoc* d, uint32_t at) : d_(d), at_(at) {}
-        JsonMember operator*() const;
-        Iter& operator++();
-        bool operator!=(const Iter& o) const { return at_ != o.at_; }
-
-    private:
-        const JsonDoc* d_;
-        uint32_t at_;
-    };
-    Members(const JsonDoc* d, uint32_t first, uint32_t end) : first_(d, first), end_(d, end) {}
-    Iter begin() const { return first_; }
-    Iter end() const { return end_; }
-
-private:
-    Iter first_, end_;
-};
+extern template class JsonRange<JsonValue>;  // both defined in json.cpp
+extern template class JsonRange<JsonMember>;
 
 // How a value appears in a message: null, true, 128, 1e-05, "text" (escaped, shortened),
 // "an array", "an object".
