@@ -132,16 +132,22 @@ uint64_t check_token_file(const uint8_t* data, size_t size, int vocab, const std
 // safetensors
 namespace {
 
+// The most dimensions a shape may have: numpy's limit, far past any model's. Without one, a
+// header of millions of zeros in a shape would cost memory again after it is read.
+constexpr size_t kMaxDims = 64;
+
 std::string tensor_name(std::string_view name) { return "tensor '" + json_printable(name) + "'"; }
 
-// A JSON array of non-negative integers (a shape, data_offsets); `field` names it in the
-// message when it is not one.
-std::vector<int64_t> unsigned_list(const JsonValue& v, const std::string& field) {
-    if (!v.is(JsonKind::Array)) usage_error(field + " is " + json_shown(v) + ", a list of non-negative integers expected");
+// A JSON array of at most `most` non-negative integers (a shape, data_offsets); `field` names
+// it in the message when it is not one.
+std::vector<int64_t> unsigned_list(const JsonValue& v, size_t most, const std::string& field) {
+    const std::string want = ", a list of non-negative integers expected";
+    if (!v.is(JsonKind::Array)) usage_error(field + " is " + json_shown(v) + want);
+    if (v.size() > most)
+        usage_error(field + " has " + std::to_string(v.size()) + " numbers, at most " + std::to_string(most) + " expected");
     std::vector<int64_t> out;
     for (const JsonValue& e : v.elements()) {
-        if (!e.is_integer() || e.integer() < 0)
-            usage_error(field + " holds " + json_shown(e) + ", a list of non-negative integers expected");
+        if (!e.is_integer() || e.integer() < 0) usage_error(field + " holds " + json_shown(e) + want);
         out.push_back(e.integer());
     }
     return out;
@@ -162,17 +168,19 @@ StEntry read_entry(const JsonMember& m, uint64_t data_size, const std::string& p
     StEntry e;
     e.name = std::string(m.key);
     const std::string t = p + ": " + tensor_name(m.key);
-    if (!m.value.is(JsonKind::Object)) usage_error(t + " is described by " + json_shown(m.value) + ", an object expected");
+    if (!m.value.is(JsonKind::Object))
+        usage_error(t + " is described by " + json_shown(m.value) + ", an object expected");
     const auto dtype = m.value.get("dtype"), shape = m.value.get("shape"), offsets = m.value.get("data_offsets");
-    if (!dtype || !shape || !offsets) usage_error(t + " has an incomplete header (dtype, shape and data_offsets expected)");
+    if (!dtype || !shape || !offsets)
+        usage_error(t + " has an incomplete header (dtype, shape and data_offsets expected)");
     if (!dtype->is(JsonKind::String)) usage_error(t + ": dtype is " + json_shown(*dtype) + ", a string expected");
     e.dtype = std::string(dtype->string());
     const int eb = dtype_bytes(e.dtype);
     if (eb == 0) usage_error(t + " has dtype " + json_printable(e.dtype) + " (BF16, F16 or F32 expected)");
-    e.shape = unsigned_list(*shape, t + ": shape");
-    const std::vector<int64_t> range = unsigned_list(*offsets, t + ": data_offsets");
-    if (range.size() != 2)
-        usage_error(t + ": data_offsets holds " + std::to_string(range.size()) + " numbers, [begin, end] expected");
+    e.shape = unsigned_list(*shape, kMaxDims, t + ": shape");
+    if (offsets->is(JsonKind::Array) && offsets->size() != 2)
+        usage_error(t + ": data_offsets has " + std::to_string(offsets->size()) + " numbers, [begin, end] expected");
+    const std::vector<int64_t> range = unsigned_list(*offsets, 2, t + ": data_offsets");
     if (range[1] < range[0]) usage_error(t + ": data_offsets [begin, end] ends before it begins");
     e.begin = (uint64_t)range[0], e.end = (uint64_t)range[1];
     if (e.end > data_size) usage_error(t + " lies outside the file (truncated or corrupt)");
@@ -238,7 +246,8 @@ StHeader parse_safetensors(const uint8_t* data, size_t size, const std::string& 
     const uint64_t data_size = size - h.data_start;
     const JsonDoc doc(std::string_view((const char*)data + 8, hlen), p);
     const JsonValue root = doc.root();
-    if (!root.is(JsonKind::Object)) usage_error(p + ": the safetensors header is " + json_shown(root) + ", not an object");
+    if (!root.is(JsonKind::Object))
+        usage_error(p + ": the safetensors header is " + json_shown(root) + ", not an object");
     for (const JsonMember& m : root.members()) {
         if (m.key == "__metadata__") check_metadata(m.value, p);
         else h.tensors.push_back(read_entry(m, data_size, p));
@@ -252,7 +261,8 @@ StHeader parse_safetensors(const uint8_t* data, size_t size, const std::string& 
 std::vector<std::string> index_shards(std::string_view text, const std::string& path) {
     const JsonDoc doc(text, path);
     const JsonValue root = doc.root();
-    if (!root.is(JsonKind::Object)) usage_error(path + ": " + json_shown(root) + ", an object with a weight_map expected");
+    if (!root.is(JsonKind::Object))
+        usage_error(path + ": " + json_shown(root) + ", an object with a weight_map expected");
     const auto map = root.get("weight_map");
     if (!map) usage_error(path + " has no weight_map");
     if (!map->is(JsonKind::Object)) usage_error(path + ": weight_map is " + json_shown(*map) + ", an object expected");
@@ -332,7 +342,8 @@ void check_hf_shape(const JsonValue& j, const LlamaConfig& c, std::string& bad) 
     check_int(j, "head_dim", head_dim, true, c.head_dim, c, bad);
 }
 
-void check_float(const JsonValue& j, const char* key, double dflt, double want, const LlamaConfig& c, std::string& bad) {
+void check_float(const JsonValue& j, const char* key, double dflt, double want, const LlamaConfig& c,
+                 std::string& bad) {
     const std::optional<JsonValue> v = j.get(key);
     if (!v) {
         if (!close_to(dflt, want)) bad += config_line(key, missing(num_str(dflt)), c, num_str(want));
@@ -361,7 +372,8 @@ void check_activation(const JsonValue& j, const LlamaConfig& c, std::string& bad
     const std::optional<JsonValue> v = j.get("hidden_act");
     if (!v) return;
     if (!v->is(JsonKind::String)) bad += config_line("hidden_act", json_shown(*v) + " (not a string)", c, "\"silu\"");
-    else if (v->string() != "silu" && v->string() != "swish") bad += config_line("hidden_act", json_shown(*v), c, "\"silu\"");
+    else if (v->string() != "silu" && v->string() != "swish")
+        bad += config_line("hidden_act", json_shown(*v), c, "\"silu\"");
 }
 
 // The RoPE settings of a config.json, wherever it keeps them: top-level rope_theta and a

@@ -156,18 +156,29 @@ private:
 
     void set_number(JsonDoc::Node& n, std::string_view text, bool integer) {
         n.kind = JsonKind::Number;
-        const std::string t(text);  // strtod and strtoll need the terminating NUL
-        if (integer) {
-            errno = 0;
-            char* end = nullptr;
-            const long long v = std::strtoll(t.c_str(), &end, 10);
-            if (errno == 0) {
-                n.integer = true, n.i = v;
-                return;
-            }
+        if (integer && to_int64(text, &n.i)) {
+            n.integer = true;
+            return;
         }
-        n.num = std::strtod(t.c_str(), nullptr);
-        if (!std::isfinite(n.num)) fail("the number " + t + " is out of range");
+        char t[kJsonMaxNumberChars + 1];  // strtod needs the terminating NUL
+        memcpy(t, text.data(), text.size());
+        t[text.size()] = '\0';
+        n.num = std::strtod(t, nullptr);
+        if (!std::isfinite(n.num)) fail("the number " + std::string(text) + " is out of range");
+    }
+
+    // An integer's digits (and sign) as an int64; false when it does not fit.
+    static bool to_int64(std::string_view text, int64_t* out) {
+        const bool negative = text[0] == '-';
+        uint64_t v = 0;
+        const uint64_t limit = negative ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+        for (size_t k = negative; k < text.size(); k++) {
+            const uint64_t d = (uint64_t)(text[k] - '0');
+            if (v > (limit - d) / 10) return false;
+            v = v * 10 + d;
+        }
+        *out = negative ? (int64_t)(0 - v) : (int64_t)v;
+        return true;
     }
 
     void string(uint32_t at);
@@ -241,7 +252,10 @@ unsigned JsonParser::hex4() {  // the four hex digits of a \u escape
     unsigned v = 0;
     for (int k = 0; k < 4; k++, i++) {
         const char c = i < s.size() ? s[i] : '\0';
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        const int d = c >= '0' && c <= '9'   ? c - '0'
+                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                             : -1;
         if (d < 0) fail("\\u must be followed by four hex digits");
         v = v * 16 + (unsigned)d;
     }

@@ -71,6 +71,8 @@ class JsonDoc {
 public:
     // Parses text (at most kJsonMaxBytes); `what` names the file in messages.
     JsonDoc(std::string_view text, const std::string& what);
+    JsonDoc(const JsonDoc&) = delete;  // its values point to it
+    JsonDoc& operator=(const JsonDoc&) = delete;
     JsonValue root() const { return JsonValue(this, 0); }
 
 private:

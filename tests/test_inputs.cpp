@@ -45,7 +45,9 @@ std::string safetensors(const std::string& header, size_t data, int64_t hlen = -
     return out + header + std::string(data, '\0');
 }
 
-StHeader parse(const std::string& file) { return parse_safetensors((const uint8_t*)file.data(), file.size(), "x.safetensors"); }
+StHeader parse(const std::string& file) {
+    return parse_safetensors((const uint8_t*)file.data(), file.size(), "x.safetensors");
+}
 
 // A config.json as hf_config_json writes it, one field a line, with one field's value replaced
 // ("" removes the field).
@@ -111,7 +113,8 @@ TEST(Json, RefusesWhatRfc8259DoesNot) {
 
 TEST(Json, NestingIsLimited) {
     JsonDoc ok(nested(kJsonMaxDepth), "t.json");
-    expect_usage_error([] { JsonDoc doc(nested(kJsonMaxDepth + 1), "t.json"); }, {"t.json: JSON nested deeper than 64"});
+    expect_usage_error([] { JsonDoc doc(nested(kJsonMaxDepth + 1), "t.json"); },
+                       {"t.json: JSON nested deeper than 64"});
     expect_usage_error([] { JsonDoc doc("{\"a\":" + nested(30000) + "}", "t.json"); }, {"nested deeper than 64"});
     expect_usage_error([] { JsonDoc doc(std::string(100000, '{'), "t.json"); }, {"t.json"});
 }
@@ -211,7 +214,8 @@ TEST(InputFiles, SpecialFilesInACheckpointAreRefused) {
     expect("model.safetensors", "a FIFO");
     ASSERT_EQ(symlink("gone.safetensors", (d + "/model.safetensors").c_str()), 0);
     expect("model.safetensors", "dangling");
-    write_file(d + "/model.safetensors.index.json", "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"b.safetensors\"}}");
+    write_file(d + "/model.safetensors.index.json",
+               "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"b.safetensors\"}}");
     ASSERT_EQ(mkfifo((d + "/b.safetensors").c_str(), 0600), 0);
     expect("b.safetensors", "a FIFO");
     write_file(d + "/model.safetensors.index.json", "{\"weight_map\": {\"x\": \"a.safetensors\"}}");
@@ -276,7 +280,8 @@ TEST(HfIndex, ManyShardNamesAreFast) {
     DryModel dm(c, false, 1, 0);
     const std::string d = tmpdir("many");
     std::string text = "{\"weight_map\": {";
-    for (int i = 0; i < 200000; i++) text += (i ? ", \"t" : "\"t") + std::to_string(i) + "\": \"s" + std::to_string(i) + "\"";
+    for (int i = 0; i < 200000; i++)
+        text += (i ? ", \"t" : "\"t") + std::to_string(i) + "\": \"s" + std::to_string(i) + "\"";
     write_file(d + "/model.safetensors.index.json", text + "}}");
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(index_shards(text + "}}", "i").size(), 200000u);
@@ -309,7 +314,8 @@ TEST(HfIndex, ShardedFolderAndTheIndexItselfReadBitForBit) {
                           "\", \"shape\": [" + shape + "], \"data_offsets\": [" + std::to_string(data.size()) + ", " +
                           std::to_string(data.size() + e.end - e.begin) + "]}";
                 data += all.substr(h.data_start + e.begin, e.end - e.begin);
-                index += std::string(index.back() == '{' ? "" : ", ") + "\"" + e.name + "\": \"part" + std::to_string(k) + "\"";
+                index += std::string(index.back() == '{' ? "" : ", ") + "\"" + e.name + "\": \"part" +
+                         std::to_string(k) + "\"";
             }
             write_file(two + "/part" + std::to_string(k), safetensors(header + "}", 0) + data);
         }
@@ -343,7 +349,8 @@ TEST(Safetensors, OffsetsTileTheDataBufferExactly) {
     refused(safetensors(ok, 12, (int64_t)ok.size() - 1), "its last 1 bytes belong to no tensor");
     refused(safetensors(ok, 13), "its last 1 bytes belong to no tensor (is the header length wrong?)");
     refused(safetensors("{" + a + "[0, 8]}, " + b + "[4, 8]}}", 8), "tensor 'a' and tensor 'b' overlap at bytes 4 to 8");
-    refused(safetensors("{" + a + "[0, 8]}, " + b + "[12, 16]}}", 16), "bytes 8 to 12, before tensor 'b', belong to no tensor");
+    refused(safetensors("{" + a + "[0, 8]}, " + b + "[12, 16]}}", 16),
+            "bytes 8 to 12, before tensor 'b', belong to no tensor");
     refused(safetensors("{" + a + "[4, 12]}}", 12), "bytes 0 to 4, before tensor 'a'");
     refused(safetensors("{" + a + "[0, 8]}, \"c\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8),
             "overlap");
@@ -352,22 +359,28 @@ TEST(Safetensors, OffsetsTileTheDataBufferExactly) {
 }
 
 TEST(Safetensors, NumbersAndEntriesAreChecked) {
+    std::string ones = "[1";  // 65 dimensions: more than any framework gives a tensor
+    for (int k = 1; k < 65; k++) ones += ",1";
     const auto entry = [](const std::string& dtype, const std::string& shape, const std::string& offsets) {
-        return safetensors("{\"t\": {\"dtype\": " + dtype + ", \"shape\": " + shape + ", \"data_offsets\": " + offsets + "}}", 8);
+        const std::string t = "{\"dtype\": " + dtype + ", \"shape\": " + shape + ", \"data_offsets\": " + offsets + "}";
+        return safetensors("{\"t\": " + t + "}", 8);
     };
     const std::pair<std::string, std::string> bad[] = {
-        {entry("\"F32\"", "[128.99]", "[0, 8]"), "tensor 't': shape holds 128.99, a list of non-negative integers expected"},
+        {entry("\"F32\"", "[128.99]", "[0, 8]"),
+         "tensor 't': shape holds 128.99, a list of non-negative integers expected"},
         {entry("\"F32\"", "[\"128\"]", "[0, 8]"), "shape holds \"128\", a list of non-negative integers"},
         {entry("\"F32\"", "[2e0]", "[0, 8]"), "shape holds 2, a list"},
         {entry("\"F32\"", "[-2]", "[0, 8]"), "shape holds -2"},
         {entry("\"F32\"", "2", "[0, 8]"), "shape is 2, a list of non-negative integers expected"},
         {entry("\"F32\"", "[2]", "[0.9, 8.1]"), "data_offsets holds 0.9"},
         {entry("\"F32\"", "[+2]", "[0, 8]"), "malformed JSON at byte 33: a value expected, found '+'"},
-        {entry("\"F32\"", "[2]", "[0, 8, 8]"), "data_offsets holds 3 numbers, [begin, end] expected"},
+        {entry("\"F32\"", "[2]", "[0, 8, 8]"), "data_offsets has 3 numbers, [begin, end] expected"},
         {entry("\"F32\"", "[2]", "[8, 0]"), "data_offsets [begin, end] ends before it begins"},
         {entry("\"F32\"", "[2]", "[0, 16]"), "tensor 't' lies outside the file"},
         {entry("\"F32\"", "[3]", "[0, 8]"), "tensor 't' has 8 bytes for its shape (12 expected)"},
-        {entry("\"F32\"", "[4294967296, 4294967296, 4294967296]", "[0, 8]"), "has 8 bytes for its shape (over 2^63 expected)"},
+        {entry("\"F32\"", "[4294967296, 4294967296, 4294967296]", "[0, 8]"),
+         "has 8 bytes for its shape (over 2^63 expected)"},
+        {entry("\"F32\"", ones + "]", "[0, 4]"), "tensor 't': shape has 65 numbers, at most 64 expected"},
         {entry("\"I8\"", "[8]", "[0, 8]"), "has dtype I8 (BF16, F16 or F32 expected)"},
         {entry("5", "[2]", "[0, 8]"), "dtype is 5, a string expected"},
         {entry(std::string("\"F\0\"", 4), "[2]", "[0, 8]"), "raw control character byte 0x00"},
@@ -375,7 +388,8 @@ TEST(Safetensors, NumbersAndEntriesAreChecked) {
         {safetensors("{\"t\": {\"dtype\": \"F32\"}}", 0), "tensor 't' has an incomplete header"},
         {safetensors("[]", 0), "the safetensors header is an array, not an object"},
         {safetensors("{\"__metadata__\": {\"a\": [0, 0]}}", 0), "__metadata__ must map names to strings"},
-        {safetensors("{\"__metadata__\": 1}", 0), "__metadata__ must map names to strings (the safetensors format); it is 1"},
+        {safetensors("{\"__metadata__\": 1}", 0),
+         "__metadata__ must map names to strings (the safetensors format); it is 1"},
         {std::string("\x10\0\0\0\0\0\0\0{}", 10), "header length 16 runs past the end of the file (10 bytes)"},
         {safetensors("{}", 0, 100'000'001), "header length 100000001 is over the format's limit of 100000000 bytes"},
         {std::string("{}"), "truncated (no safetensors header)"}};
@@ -389,19 +403,22 @@ TEST(Safetensors, NumbersAndEntriesAreChecked) {
 // config.json
 TEST(HfConfig, FieldsHaveTransformersTypes) {
     const LlamaConfig c = config_by_name("tiny");
-    const std::pair<std::string, std::string> cases[][2] = {
-        {{"hidden_size", "\"128\""}, {"hidden_size: checkpoint \"128\" (not an integer), --config tiny 128", ""}},
-        {{"hidden_size", "128.0"}, {"hidden_size: checkpoint 128 (not an integer)", ""}},
-        {{"num_hidden_layers", "null"}, {"num_hidden_layers: checkpoint null (not an integer)", ""}},
-        {{"vocab_size", "5e2"}, {"vocab_size: checkpoint 500 (not an integer), --config tiny 512", ""}},
-        {{"tie_word_embeddings", "\"true\""}, {"tie_word_embeddings: checkpoint \"true\" (not true or false)", ""}},
-        {{"tie_word_embeddings", "1"}, {"tie_word_embeddings: checkpoint 1 (not true or false)", ""}},
-        {{"rms_norm_eps", "\"1e-5\""}, {"rms_norm_eps: checkpoint \"1e-5\" (not a number)", ""}},
-        {{"hidden_act", "1"}, {"hidden_act: checkpoint 1 (not a string)", ""}},
-        {{"hidden_act", "\"gelu\""}, {"hidden_act: checkpoint \"gelu\", --config tiny \"silu\"", ""}},
-        {{"attention_bias", "true"}, {"attention_bias: checkpoint true, --config tiny false", ""}},
-        {{"mlp_bias", "\"false\""}, {"mlp_bias: checkpoint \"false\" (not true or false)", ""}}};
-    for (const auto& cs : cases) expect_config_refused(c, config_with_field(c, cs[0].first, cs[0].second), {cs[1].first});
+    struct Case {
+        std::string key, value, why;
+    };
+    const Case cases[] = {
+        {"hidden_size", "\"128\"", "hidden_size: checkpoint \"128\" (not an integer), --config tiny 128"},
+        {"hidden_size", "128.0", "hidden_size: checkpoint 128 (not an integer)"},
+        {"num_hidden_layers", "null", "num_hidden_layers: checkpoint null (not an integer)"},
+        {"vocab_size", "5e2", "vocab_size: checkpoint 500 (not an integer), --config tiny 512"},
+        {"tie_word_embeddings", "\"true\"", "tie_word_embeddings: checkpoint \"true\" (not true or false)"},
+        {"tie_word_embeddings", "1", "tie_word_embeddings: checkpoint 1 (not true or false)"},
+        {"rms_norm_eps", "\"1e-5\"", "rms_norm_eps: checkpoint \"1e-5\" (not a number)"},
+        {"hidden_act", "1", "hidden_act: checkpoint 1 (not a string)"},
+        {"hidden_act", "\"gelu\"", "hidden_act: checkpoint \"gelu\", --config tiny \"silu\""},
+        {"attention_bias", "true", "attention_bias: checkpoint true, --config tiny false"},
+        {"mlp_bias", "\"false\"", "mlp_bias: checkpoint \"false\" (not true or false)"}};
+    for (const Case& k : cases) expect_config_refused(c, config_with_field(c, k.key, k.value), {k.why});
     expect_config_accepted(c, config_with_field(c, "hidden_act", "\"swish\""));  // SiLU under its other name
     expect_config_refused(c, "null", {"config.json: null, a JSON object expected"});
     expect_config_refused(c, "[]", {"config.json: an array, a JSON object expected"});
@@ -419,14 +436,17 @@ TEST(HfConfig, MissingFieldsTakeTransformersDefaults) {
         {"rms_norm_eps", "rms_norm_eps: checkpoint missing (transformers' default 1e-06), --config tiny 1e-05"},
         {"num_key_value_heads", "num_key_value_heads: checkpoint missing (transformers' default 4), --config tiny 2"},
         {"head_dim", "head_dim: checkpoint missing (transformers' default 32), --config tiny 64"},
-        {"tie_word_embeddings", "tie_word_embeddings: checkpoint missing (transformers' default false), --config tiny true"},
+        {"tie_word_embeddings",
+         "tie_word_embeddings: checkpoint missing (transformers' default false), --config tiny true"},
         {"hidden_size", "hidden_size: checkpoint missing (transformers' default 4096), --config tiny 128"},
         {"vocab_size", "vocab_size: checkpoint missing (transformers' default 32000)"},
         {"intermediate_size", "intermediate_size: checkpoint missing (transformers' default 11008)"},
         {"num_hidden_layers", "num_hidden_layers: checkpoint missing (transformers' default 32)"}};
     for (const auto& [key, why] : missing) expect_config_refused(c, config_with_field(c, key, ""), {why});
-    expect_config_refused(c, config_with_field(c, "head_dim", "null"), {"head_dim: checkpoint null, so missing (transformers' default 32)"});
-    for (const char* key : {"hidden_act", "attention_bias", "mlp_bias"}) expect_config_accepted(c, config_with_field(c, key, ""));
+    expect_config_refused(c, config_with_field(c, "head_dim", "null"),
+                          {"head_dim: checkpoint null, so missing (transformers' default 32)"});
+    for (const char* key : {"hidden_act", "attention_bias", "mlp_bias"})
+        expect_config_accepted(c, config_with_field(c, key, ""));
     // Where the default is ours, a missing field passes.
     LlamaConfig mha = c;  // as many key/value heads as heads, head_dim = dim / heads, untied, eps 1e-6
     mha.n_kv_heads = 4, mha.head_dim = 32, mha.tied_embeddings = false, mha.norm_eps = 1e-6;
@@ -465,16 +485,17 @@ TEST(Binary, HostileFilesEndWithExitCodeTwo) {
     const LlamaConfig c = config_by_name("tiny");
     const std::string d = tmpdir("binary");
     ASSERT_EQ(mkfifo((d + "/fifo").c_str(), 0600), 0);
-    CommandResult r = run_command("timeout 60 ./train --config tiny --seq-len 64 --steps 1 --data " + d + "/fifo");
+    const std::string run = "timeout 60 ./train --config tiny --seq-len 64 --steps 1 ";
+    CommandResult r = run_command(run + "--data " + d + "/fifo");
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_NE(r.output.find("a FIFO (named pipe)"), std::string::npos) << r.output;
     write_st(d + "/a.safetensors", correct_entries(c));
     write_file(d + "/model.safetensors.index.json", "{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\"}}");
     write_file(d + "/config.json", hf_config_json(c, false));
-    r = run_command("timeout 60 ./train --config tiny --seq-len 64 --steps 1 --init-from " + d + "/model.safetensors.index.json");
+    r = run_command(run + "--init-from " + d + "/model.safetensors.index.json");
     EXPECT_NE(r.code, 2) << r.output;
     write_file(d + "/config.json", config_with_field(c, "architectures", nested(30000)));
-    r = run_command("timeout 60 ./train --config tiny --seq-len 64 --steps 1 --init-from " + d);
+    r = run_command(run + "--init-from " + d);
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_NE(r.output.find(d + "/config.json: JSON nested deeper than 64 levels"), std::string::npos) << r.output;
 }

@@ -1,13 +1,15 @@
 // tests/fuzz/oracle.h - what the fuzz targets judge the readers of input_files.h by.
 //
-// A reader under fuzzing may refuse an input (a usage error naming the file, exit code 2) or
-// accept it; each target's oracle then says, on its own, whether the input really is valid.
-// For JSON the oracle is a second reader of RFC 8259 (with the same limits: 64 levels, numbers
-// of 100 characters, no duplicate keys), written for plainness, not speed: a tree of values,
-// strings compared code point by code point. A target fails (and libFuzzer keeps the input) when
-//   * a reader accepts what its oracle calls corrupt,
-//   * a reader says the JSON is malformed where the oracle reads it,
-//   * a refusal is not a usage error, or does not name the file.
+// Each target's oracle says, on its own, whether an input is valid ("" when it is, else why
+// not), and the reader must agree: it must accept what the oracle calls valid and refuse, with
+// a usage error (exit code 2) naming the file, what the oracle calls invalid. For JSON the
+// oracle is a second reader of RFC 8259 (with the same limits: 64 levels, numbers of 100
+// characters, no duplicate keys), written for plainness, not speed: a tree of values, strings
+// compared code point by code point. A target fails (and libFuzzer keeps the input) when
+//   * the reader accepts what the oracle calls invalid, or refuses what it calls valid,
+//   * the reader calls JSON malformed that the oracle reads,
+//   * a refusal is not a usage error, or does not name the file,
+//   * an accepted input reads back other than the oracle reads it.
 #pragma once
 
 #include <cerrno>
@@ -27,12 +29,6 @@
     abort();  // libFuzzer reports a crash and keeps the input
 }
 
-// A refusal must be a usage error naming the file.
-inline void check_refusal(const Fatal& f, const std::string& file) {
-    if (f.code != EXIT_USAGE) oracle_fail("refused with exit code " + std::to_string(f.code) + ": " + f.what());
-    if (std::string(f.what()).find(file) == std::string::npos) oracle_fail("the message does not name the file: " + std::string(f.what()));
-}
-
 // Whether a refusal was the JSON reader's (the text is not JSON) rather than a check of its
 // content: json.cpp's messages begin with the file's name and one of these.
 inline bool is_json_refusal(const Fatal& f, const std::string& file) {
@@ -40,6 +36,19 @@ inline bool is_json_refusal(const Fatal& f, const std::string& file) {
     for (const char* start : {": malformed JSON at byte ", ": JSON nested deeper than ", ": the object at byte "})
         if (m.rfind(file + start, 0) == 0) return true;
     return false;
+}
+
+// The reader's refusal f against the oracle's verdict on the input (and on its JSON).
+inline void judge_refusal(const Fatal& f, const std::string& file, const std::string& verdict, bool json) {
+    if (f.code != EXIT_USAGE) oracle_fail("refused with exit code " + std::to_string(f.code) + ": " + f.what());
+    if (std::string(f.what()).find(file) == std::string::npos)
+        oracle_fail("the message does not name the file: " + std::string(f.what()));
+    if (verdict.empty()) oracle_fail("refused a valid input: " + std::string(f.what()));
+    if (json && is_json_refusal(f, file)) oracle_fail("valid JSON called malformed: " + std::string(f.what()));
+}
+
+inline void judge_acceptance(const std::string& verdict) {
+    if (!verdict.empty()) oracle_fail("accepted an invalid input: " + verdict);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -172,8 +181,8 @@ private:
         else if (cp < 0x10000)
             *out += (char)(0xE0 | cp >> 12), *out += (char)(0x80 | (cp >> 6 & 63)), *out += (char)(0x80 | (cp & 63));
         else
-            *out += (char)(0xF0 | cp >> 18), *out += (char)(0x80 | (cp >> 12 & 63)), *out += (char)(0x80 | (cp >> 6 & 63)),
-                *out += (char)(0x80 | (cp & 63));
+            *out += (char)(0xF0 | cp >> 18), *out += (char)(0x80 | (cp >> 12 & 63)),
+                *out += (char)(0x80 | (cp >> 6 & 63)), *out += (char)(0x80 | (cp & 63));
     }
     bool escape(std::string* out) {
         const std::string from = "\"\\/bfnrt", to = "\"\\/\b\f\n\r\t";
