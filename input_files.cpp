@@ -218,9 +218,9 @@ void check_tiling(const std::vector<StEntry>& tensors, uint64_t data_size, const
                         tensor_name(e->name) + ", belong to no tensor");
         covered = e->end, prev = e;
     }
-    if (covered != data_size)
-        usage_error(rule + "its last " + std::to_string(data_size - covered) +
-                    " bytes belong to no tensor (is the header length wrong?)");
+    const uint64_t left = data_size - covered;
+    if (left) usage_error(rule + "its last " + std::to_string(left) + (left == 1 ? " byte belongs" : " bytes belong") +
+                          " to no tensor (is the header length wrong?)");
 }
 
 }  // namespace

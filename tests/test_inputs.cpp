@@ -346,8 +346,9 @@ TEST(Safetensors, OffsetsTileTheDataBufferExactly) {
         expect_usage_error([&] { parse(file); }, {rule, why});
     };
     // the header length one short: every tensor one byte early, and a byte left over
-    refused(safetensors(ok, 12, (int64_t)ok.size() - 1), "its last 1 bytes belong to no tensor");
-    refused(safetensors(ok, 13), "its last 1 bytes belong to no tensor (is the header length wrong?)");
+    refused(safetensors(ok, 12, (int64_t)ok.size() - 1), "its last 1 byte belongs to no tensor");
+    refused(safetensors(ok, 13), "its last 1 byte belongs to no tensor (is the header length wrong?)");
+    refused(safetensors(ok, 20), "its last 8 bytes belong to no tensor");
     refused(safetensors("{" + a + "[0, 8]}, " + b + "[4, 8]}}", 8), "tensor 'a' and tensor 'b' overlap at bytes 4 to 8");
     refused(safetensors("{" + a + "[0, 8]}, " + b + "[12, 16]}}", 16),
             "bytes 8 to 12, before tensor 'b', belong to no tensor");
@@ -355,7 +356,7 @@ TEST(Safetensors, OffsetsTileTheDataBufferExactly) {
     refused(safetensors("{" + a + "[0, 8]}, \"c\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8),
             "overlap");
     EXPECT_EQ(parse(safetensors("{}", 0)).tensors.size(), 0u);
-    refused(safetensors("{}", 1), "its last 1 bytes");
+    refused(safetensors("{}", 1), "its last 1 byte belongs");
 }
 
 TEST(Safetensors, NumbersAndEntriesAreChecked) {
