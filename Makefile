@@ -29,9 +29,13 @@ HEADERS   := common.h llama.h train.h attention_ptx.cuh attention_hopper_ptx.cuh
 LIB_OBJS  := build/llama.o build/kernels.o build/attention.o build/attention_hopper.o build/checkpointing.o build/chunked.o \
              build/offload.o build/selective.o build/savings.o build/fsdp.o \
              build/ulysses.o build/untied.o build/comm.o build/files.o build/timeline.o
+# The readers of input files: host code (json.h, input_files.h), also built into the fuzz targets.
+LIB_OBJS  += build/json.o build/input_files.o
+build/json.o build/input_files.o build/files.o: json.h input_files.h
+build/tests/test_files.o build/tests/test_inputs.o: json.h input_files.h tests/files_util.h
 TEST_BINS := build/tests/test_reference build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \
-             build/tests/test_files build/tests/test_hf
+             build/tests/test_files build/tests/test_inputs build/tests/test_hf
 TEST_COMMON := build/tests/test_main.o build/tests/reference.o
 APP_OBJS  := build/launch.o build/ladder.o
 
@@ -76,6 +80,9 @@ build:
 
 test: all
 	@bash tests/run_tests.sh $(TEST_BINS)
+
+# The fuzz targets of the input readers: built by all, each run by test as one suite.
+include tests/fuzz/fuzz.mk
 
 run: train
 	./train $(RUN_ARGS)

@@ -14,6 +14,10 @@
 // Token files: a documented flat format (see README): 8-byte magic "LLTOKENS", uint32 version 1,
 // uint32 bytes per token (4), uint64 count, then count little-endian uint32 tokens.
 //
+// What reads the files a run is given (opening them, token file and safetensors headers, the
+// index, config.json, and the JSON under them) is host code in input_files.h and json.h, so a
+// fuzzer builds it without CUDA (tests/fuzz/); this file maps what they accept onto the model.
+//
 // Training state (--state-dir, --resume): per GPU its fp32 master weights, AdamW moments
 // (its shards under --fsdp), the step and the data sampler's state, in DIR/step-N/rank-R.state;
 // then DIR/latest names step-N. Every file is written as a temporary, fsynced and renamed, and
@@ -22,153 +26,20 @@
 // resumed run computes exactly what the uninterrupted one would.
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
 
+#include "input_files.h"
 #include "llama.h"
-
-// =============================================================================================
-// A minimal JSON reader (objects, arrays, strings, numbers, true/false/null): enough for
-// safetensors headers and config.json files.
-struct Json {
-    enum Kind { NUL, BOOL, NUM, STR, ARR, OBJ } kind = NUL;
-    double num = 0;
-    bool b = false;
-    std::string str;
-    std::vector<Json> arr;
-    std::vector<std::pair<std::string, Json>> obj;
-    const Json* get(const std::string& k) const {
-        for (auto& kv : obj)
-            if (kv.first == k) return &kv.second;
-        return nullptr;
-    }
-};
 
 namespace {
 
-struct JsonParser {
-    const std::string& s;
-    size_t i = 0;
-    std::string what;  // for messages
-    explicit JsonParser(const std::string& text, const std::string& w) : s(text), what(w) {}
-    [[noreturn]] void fail(const std::string& m) {
-        usage_error(what + ": malformed JSON at byte " + std::to_string(i) + ": " + m);
-    }
-    void ws() {
-        while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
-    }
-    char peek() {
-        ws();
-        if (i >= s.size()) fail("unexpected end");
-        return s[i];
-    }
-    void expect(char c) {
-        if (peek() != c) fail(std::string("expected '") + c + "'");
-        i++;
-    }
-    std::string string() {
-        expect('"');
-        std::string out;
-        while (true) {
-            if (i >= s.size()) fail("unterminated string");
-            char c = s[i++];
-            if (c == '"') break;
-            if (c != '\\') { out += c; continue; }
-            if (i >= s.size()) fail("bad escape");
-            char e = s[i++];
-            switch (e) {
-                case 'n': out += '\n'; break;
-                case 't': out += '\t'; break;
-                case 'r': out += '\r'; break;
-                case 'b': out += '\b'; break;
-                case 'f': out += '\f'; break;
-                case 'u': {
-                    if (i + 4 > s.size()) fail("bad \\u escape");
-                    unsigned cp = (unsigned)std::stoul(s.substr(i, 4), nullptr, 16);
-                    i += 4;
-                    if (cp < 0x80) out += (char)cp;
-                    else if (cp < 0x800) out += (char)(0xC0 | (cp >> 6)), out += (char)(0x80 | (cp & 0x3F));
-                    else out += (char)(0xE0 | (cp >> 12)), out += (char)(0x80 | ((cp >> 6) & 0x3F)), out += (char)(0x80 | (cp & 0x3F));
-                    break;
-                }
-                default: out += e;
-            }
-        }
-        return out;
-    }
-    Json value() {
-        Json v;
-        char c = peek();
-        if (c == '{') {
-            v.kind = Json::OBJ;
-            i++;
-            if (peek() == '}') { i++; return v; }
-            while (true) {
-                std::string k = string();
-                expect(':');
-                v.obj.push_back({k, value()});
-                if (peek() == ',') { i++; continue; }
-                expect('}');
-                return v;
-            }
-        }
-        if (c == '[') {
-            v.kind = Json::ARR;
-            i++;
-            if (peek() == ']') { i++; return v; }
-            while (true) {
-                v.arr.push_back(value());
-                if (peek() == ',') { i++; continue; }
-                expect(']');
-                return v;
-            }
-        }
-        if (c == '"') {
-            v.kind = Json::STR;
-            v.str = string();
-            return v;
-        }
-        if (s.compare(i, 4, "true") == 0) { i += 4; v.kind = Json::BOOL; v.b = true; return v; }
-        if (s.compare(i, 5, "false") == 0) { i += 5; v.kind = Json::BOOL; return v; }
-        if (s.compare(i, 4, "null") == 0) { i += 4; return v; }
-        size_t j = i;
-        while (j < s.size() && (isdigit((unsigned char)s[j]) || strchr("+-.eE", s[j]))) j++;
-        if (j == i) fail("unexpected character");
-        v.kind = Json::NUM;
-        v.num = std::strtod(s.substr(i, j - i).c_str(), nullptr);
-        i = j;
-        return v;
-    }
-};
-
-Json parse_json(const std::string& text, const std::string& what) {
-    JsonParser p(text, what);
-    Json v = p.value();
-    p.ws();
-    if (p.i != text.size()) p.fail("trailing characters");
-    return v;
-}
-
-std::string read_text(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) usage_error("cannot read '" + path + "'");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
-bool is_dir(const std::string& p) {
-    struct stat st;
-    return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 bool exists(const std::string& p) {
     struct stat st;
     return stat(p.c_str(), &st) == 0;
@@ -216,37 +87,8 @@ void make_dirs(const std::string& d) {
         cur += part + "/";
         mkdir(cur.c_str(), 0755);
     }
-    if (!is_dir(d)) usage_error("cannot create directory '" + d + "'");
+    if (!is_directory(d)) usage_error("cannot create directory '" + d + "'");
 }
-
-}  // namespace
-
-// A read-only memory map of a whole file.
-struct Mapped {  // declared in llama.h (TokenFile keeps one)
-    const uint8_t* data = nullptr;
-    size_t size = 0;
-    std::string path;
-    explicit Mapped(const std::string& p) : path(p) {
-        int fd = open(p.c_str(), O_RDONLY);
-        if (fd < 0) usage_error("cannot open '" + p + "': " + strerror(errno));
-        struct stat st;
-        fstat(fd, &st);
-        size = (size_t)st.st_size;
-        if (size > 0) {
-            void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-            if (m == MAP_FAILED) usage_error("cannot map '" + p + "'");
-            data = (const uint8_t*)m;
-        }
-        close(fd);
-    }
-    ~Mapped() {
-        if (data) munmap((void*)data, size);
-    }
-    Mapped(const Mapped&) = delete;
-    Mapped& operator=(const Mapped&) = delete;
-};
-
-namespace {
 
 // =============================================================================================
 // safetensors
@@ -258,45 +100,11 @@ struct StTensor {
     const Mapped* file;
 };
 
-int dtype_bytes(const std::string& d) {
-    if (d == "F32") return 4;
-    if (d == "BF16" || d == "F16") return 2;
-    return 0;
-}
-
-// Parse one safetensors file; every tensor's header is checked against the file's size.
+// The tensors of one safetensors file, every header checked against the file (input_files.h).
 void read_safetensors(const Mapped& f, std::map<std::string, StTensor>& out) {
-    const std::string& p = f.path;
-    if (f.size < 8) usage_error(p + ": truncated (no safetensors header)");
-    uint64_t hlen = 0;
-    memcpy(&hlen, f.data, 8);
-    if (hlen > f.size - 8 || hlen > (1u << 30)) usage_error(p + ": corrupt safetensors header length");
-    Json h = parse_json(std::string((const char*)f.data + 8, hlen), p);
-    if (h.kind != Json::OBJ) usage_error(p + ": safetensors header is not an object");
-    const uint8_t* base = f.data + 8 + hlen;
-    const uint64_t data_size = f.size - 8 - hlen;
-    for (auto& kv : h.obj) {
-        if (kv.first == "__metadata__") continue;
-        const Json& t = kv.second;
-        const Json *dt = t.get("dtype"), *sh = t.get("shape"), *off = t.get("data_offsets");
-        if (!dt || !sh || !off || off->arr.size() != 2) usage_error(p + ": tensor '" + kv.first + "' has an incomplete header");
-        StTensor st;
-        st.dtype = dt->str;
-        for (auto& d : sh->arr) st.shape.push_back((int64_t)d.num);
-        int64_t b0 = (int64_t)off->arr[0].num, b1 = (int64_t)off->arr[1].num;
-        int64_t numel = 1;
-        for (int64_t d : st.shape) numel *= d;
-        int eb = dtype_bytes(st.dtype);
-        if (eb == 0) usage_error(p + ": tensor '" + kv.first + "' has dtype " + st.dtype + " (BF16, F16 or F32 expected)");
-        if (b0 < 0 || b1 < b0 || (uint64_t)b1 > data_size)
-            usage_error(p + ": tensor '" + kv.first + "' lies outside the file (truncated or corrupt)");
-        if (b1 - b0 != numel * eb) usage_error(p + ": tensor '" + kv.first + "' has " + std::to_string(b1 - b0) +
-                                              " bytes for its shape (" + std::to_string(numel * eb) + " expected)");
-        st.data = base + b0;
-        st.bytes = b1 - b0;
-        st.file = &f;
-        out[kv.first] = st;
-    }
+    const StHeader h = parse_safetensors(f.data, f.size, f.path);
+    for (const StEntry& e : h.tensors)
+        out[e.name] = {e.dtype, e.shape, f.data + h.data_start + e.begin, (int64_t)(e.end - e.begin), &f};
 }
 
 float to_float(const StTensor& t, int64_t i) {
@@ -414,164 +222,6 @@ std::string hf_config_json(const LlamaConfig& c, bool bf16) {
     return buf;
 }
 
-namespace {
-
-std::string num_str(double v) {
-    char b[32];
-    snprintf(b, sizeof b, "%.10g", v);
-    return b;
-}
-
-// A JSON value as messages show it.
-std::string json_str(const Json& v) {
-    switch (v.kind) {
-        case Json::NUL: return "null";
-        case Json::BOOL: return v.b ? "true" : "false";
-        case Json::NUM: return num_str(v.num);
-        case Json::STR: return "\"" + v.str + "\"";
-        case Json::ARR: return "an array";
-        case Json::OBJ: return "an object";
-    }
-    return "?";
-}
-
-bool close_to(double got, double want) { return std::fabs(got - want) <= 1e-9 * std::max(1.0, std::fabs(want)); }
-
-bool same_value(const Json& a, const Json& b) {
-    if (a.kind == Json::NUM && b.kind == Json::NUM) return close_to(a.num, b.num);
-    return json_str(a) == json_str(b);
-}
-
-// One line of check_hf_config's message: a field, the checkpoint's value and ours.
-std::string config_line(const std::string& field, const std::string& got, const LlamaConfig& c,
-                        const std::string& want) {
-    return "  " + field + ": checkpoint " + got + ", --config " + c.name + " " + want + "\n";
-}
-
-// The RoPE settings of a config.json, wherever it keeps them: top-level rope_theta and a
-// rope_scaling object (Meta's files, transformers v4), or a rope_parameters object with
-// rope_theta inside (transformers v5). A file may state a setting in both places; then the two
-// must agree. null counts as absent, as in transformers. Each setting keeps the name of where it
-// was found, for messages.
-const char* const kRopeKeys[] = {"rope_theta",      "rope_type",        "factor",
-                                 "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
-
-struct RopeSetting {
-    const Json* value = nullptr;
-    std::string where;
-    bool conflict = false;  // the two places disagree (already reported)
-};
-
-struct HfRope {
-    std::map<std::string, RopeSetting> at;  // by key of kRopeKeys
-    std::string home = "rope_scaling";      // the place a missing setting is named in
-    bool unreadable = false;                // rope_scaling or rope_parameters is not an object
-
-    const RopeSetting* find(const std::string& key) const {
-        auto it = at.find(key);
-        return it == at.end() || it->second.conflict ? nullptr : &it->second;
-    }
-    std::string name(const std::string& key) const {
-        auto it = at.find(key);
-        if (it != at.end()) return it->second.where;
-        return key == "rope_theta" && home == "rope_scaling" ? key : home + "." + key;
-    }
-    void add(const std::string& key, const Json* v, const std::string& where, std::string& bad) {
-        if (!v || v->kind == Json::NUL) return;
-        RopeSetting& s = at[key];
-        if (!s.value) {
-            s.value = v, s.where = where;
-        } else if (!same_value(*s.value, *v)) {
-            bad += "  " + key + ": " + s.where + " is " + json_str(*s.value) + " but " + where + " is " + json_str(*v) +
-                   " (the two places disagree)\n";
-            s.conflict = true;
-        }
-    }
-};
-
-HfRope read_hf_rope(const Json& j, const LlamaConfig& c, std::string& bad) {
-    HfRope r;
-    r.add("rope_theta", j.get("rope_theta"), "rope_theta", bad);
-    for (const std::string place : {"rope_scaling", "rope_parameters"}) {
-        const Json* o = j.get(place);
-        if (!o || o->kind == Json::NUL) continue;
-        if (o->kind != Json::OBJ) {
-            bad += config_line(place, json_str(*o) + " (not an object)", c,
-                               c.rope_scaling.enabled ? "llama3 scaling" : "no scaling");
-            r.unreadable = true;
-            continue;
-        }
-        r.home = place;
-        for (const std::string key : kRopeKeys) {
-            std::string k = key == "rope_type" && !o->get(key) ? "type" : key;  // transformers' older spelling
-            r.add(key, o->get(k), place + "." + k, bad);
-        }
-    }
-    return r;
-}
-
-void check_rope_num(const HfRope& r, const std::string& key, double want, const LlamaConfig& c, std::string& bad) {
-    const RopeSetting* s = r.find(key);
-    if (!s) {
-        if (!r.at.count(key)) bad += config_line(r.name(key), "missing", c, num_str(want));
-    } else if (s->value->kind != Json::NUM) {
-        bad += config_line(s->where, json_str(*s->value) + " (not a number)", c, num_str(want));
-    } else if (!close_to(s->value->num, want)) {
-        bad += config_line(s->where, num_str(s->value->num), c, num_str(want));
-    }
-}
-
-// Every RoPE setting of ours against the file's: theta, the rope type ("llama3", or none or
-// "default" when c has no scaling) and, with llama3 scaling, its four numbers, all required.
-void check_hf_rope(const Json& j, const LlamaConfig& c, std::string& bad) {
-    HfRope r = read_hf_rope(j, c, bad);
-    if (r.unreadable) return;
-    check_rope_num(r, "rope_theta", c.rope_theta, c, bad);
-    const RopeSetting* t = r.find("rope_type");
-    if (r.at.count("rope_type") && !t) return;  // the two places disagree on it
-    const std::string want = c.rope_scaling.enabled ? "\"llama3\"" : "none or \"default\"";
-    if (t && t->value->kind != Json::STR) {
-        bad += config_line(t->where, json_str(*t->value) + " (not a string)", c, want);
-        return;
-    }
-    const std::string type = t ? t->value->str : "default";  // transformers' type when none is given
-    if (type != (c.rope_scaling.enabled ? "llama3" : "default")) {
-        bad += config_line(r.name("rope_type"), t ? json_str(*t->value) : "none", c, want);
-        return;
-    }
-    if (!c.rope_scaling.enabled) return;
-    const RopeScaling& s = c.rope_scaling;
-    check_rope_num(r, "factor", s.factor, c, bad);
-    check_rope_num(r, "low_freq_factor", s.low_freq_factor, c, bad);
-    check_rope_num(r, "high_freq_factor", s.high_freq_factor, c, bad);
-    check_rope_num(r, "original_max_position_embeddings", s.original_max_pos, c, bad);
-}
-
-}  // namespace
-
-void check_hf_config(const LlamaConfig& c, const std::string& text, const std::string& path) {
-    Json j = parse_json(text, path);
-    std::string bad;
-    auto num = [&](const char* key, double want) {
-        const Json* v = j.get(key);
-        if (v && v->kind == Json::NUM && !close_to(v->num, want))
-            bad += config_line(key, num_str(v->num), c, num_str(want));
-    };
-    num("hidden_size", c.dim);
-    num("intermediate_size", c.ffn_dim);
-    num("num_hidden_layers", c.n_layers);
-    num("num_attention_heads", c.n_heads);
-    num("num_key_value_heads", c.n_kv_heads);
-    num("head_dim", c.head_dim);
-    num("vocab_size", c.vocab);
-    num("rms_norm_eps", c.norm_eps);
-    if (const Json* t = j.get("tie_word_embeddings"))
-        if (t->kind == Json::BOOL && t->b != c.tied_embeddings)
-            bad += config_line("tie_word_embeddings", json_str(*t), c, c.tied_embeddings ? "true" : "false");
-    check_hf_rope(j, c, bad);
-    if (!bad.empty()) usage_error(path + " does not match --config " + c.name + " (with --layers):\n" + bad);
-}
-
 // =============================================================================================
 // Reading a Hugging Face checkpoint: open and check every file, name and shape first (no
 // weights are read), then this GPU's parameters (its shards under --fsdp) in fp32.
@@ -580,30 +230,38 @@ struct HfCheckpoint {
     std::map<std::string, StTensor> tensors;
 };
 
-static void open_hf_checkpoint(const Model& m, const std::string& path, HfCheckpoint& ck) {
-    // Which files: a .safetensors file, or a directory with model.safetensors or a sharded index.
-    std::vector<std::string> files;
-    std::string dir = is_dir(path) ? path : dir_of(path);
-    if (!is_dir(path)) {
-        files.push_back(path);
-    } else if (exists(path + "/model.safetensors.index.json")) {
-        Json idx = parse_json(read_text(path + "/model.safetensors.index.json"), path + "/model.safetensors.index.json");
-        const Json* wm = idx.get("weight_map");
-        if (!wm || wm->kind != Json::OBJ) usage_error(path + "/model.safetensors.index.json has no weight_map");
-        for (auto& kv : wm->obj)
-            if (std::find(files.begin(), files.end(), path + "/" + kv.second.str) == files.end())
-                files.push_back(path + "/" + kv.second.str);
-    } else if (exists(path + "/model.safetensors")) {
-        files.push_back(path + "/model.safetensors");
-    } else {
-        usage_error("--init-from '" + path + "': no model.safetensors or model.safetensors.index.json there");
+// The files of the checkpoint at `path` (a .safetensors file, a directory with model.safetensors
+// or a sharded index, or the index itself), and the directory its config.json would be in.
+static std::vector<std::string> checkpoint_files(const std::string& path, std::string* dir) {
+    const std::string index = "model.safetensors.index.json";
+    auto shards = [&](const std::string& index_path) {
+        std::vector<std::string> files;
+        for (const std::string& f : index_shards(read_input_text(index_path, "--init-from"), index_path))
+            files.push_back(*dir + "/" + f);
+        return files;
+    };
+    if (!is_directory(path)) {  // a file (or not a file: Mapped says what is wrong with it)
+        *dir = dir_of(path);
+        const bool is_index = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+        return is_index ? shards(path) : std::vector<std::string>{path};
     }
-    if (exists(dir + "/config.json")) check_hf_config(m.cfg, read_text(dir + "/config.json"), dir + "/config.json");
+    *dir = path;
+    if (path_present(path + "/" + index)) return shards(path + "/" + index);
+    if (path_present(path + "/model.safetensors")) return {path + "/model.safetensors"};
+    usage_error("--init-from '" + path + "': no model.safetensors or " + index + " there");
+}
+
+static void open_hf_checkpoint(const Model& m, const std::string& path, HfCheckpoint& ck) {
+    std::string dir;
+    const std::vector<std::string> files = checkpoint_files(path, &dir);
+    // Present means checked: a config.json that is a dangling link or a FIFO is refused, not skipped.
+    if (path_present(dir + "/config.json"))
+        check_hf_config(m.cfg, read_input_text(dir + "/config.json", "--init-from"), dir + "/config.json");
 
     std::vector<std::unique_ptr<Mapped>>& maps = ck.maps;
     std::map<std::string, StTensor>& tensors = ck.tensors;
     for (auto& f : files) {
-        maps.emplace_back(new Mapped(f));
+        maps.emplace_back(new Mapped(f, "--init-from"));
         read_safetensors(*maps.back(), tensors);
     }
     // Every tensor present with the right shape; nothing unexpected left over.
@@ -734,25 +392,11 @@ void save_hf_checkpoint(Model& m, const std::string& dir, bool bf16, cudaStream_
 
 // =============================================================================================
 // Token files
-TokenFile::TokenFile(const std::string& path, int vocab) : map(new Mapped(path)) {
-    const Mapped& f = *map;
-    if (f.size < 24 || memcmp(f.data, "LLTOKENS", 8) != 0)
-        usage_error("--data '" + path + "': not a token file (no LLTOKENS header; see README for the format)");
-    uint32_t version, width;
-    memcpy(&version, f.data + 8, 4);
-    memcpy(&width, f.data + 12, 4);
-    memcpy(&count, f.data + 16, 8);
-    if (version != 1 || width != 4)
-        usage_error("--data '" + path + "': version " + std::to_string(version) + ", " + std::to_string(width) +
-                    "-byte tokens (version 1, 4 bytes expected)");
-    if (count > (f.size - 24) / 4)
-        usage_error("--data '" + path + "': header says " + std::to_string(count) + " tokens, the file holds " +
-                    std::to_string((f.size - 24) / 4) + " (truncated?)");
-    tokens = (const uint32_t*)(f.data + 24);
-    for (uint64_t i = 0; i < count; i++)
-        if (tokens[i] >= (uint32_t)vocab)
-            usage_error("--data '" + path + "': token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
-                        " is outside the vocabulary (" + std::to_string(vocab) + ")");
+TokenFile::TokenFile(const std::string& path, int vocab) {
+    std::unique_ptr<Mapped> f(new Mapped(path, "--data"));
+    count = check_token_file(f->data, f->size, vocab, "--data '" + path + "'");
+    tokens = (const uint32_t*)(f->data + 24);
+    map = f.release();
 }
 TokenFile::~TokenFile() { delete map; }
 
@@ -802,7 +446,7 @@ void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t d
     comm_sync(m.comm, s, timeout_s);
     if (rank == 0) {
         std::string prev;
-        if (exists(dir + "/latest")) prev = read_text(dir + "/latest");
+        if (exists(dir + "/latest")) prev = read_input_text(dir + "/latest", "--state-dir");
         AtomicFile latest(dir + "/latest");
         std::string name = "step-" + std::to_string(step);
         latest.write(name.data(), name.size());
@@ -827,9 +471,9 @@ void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t d
 
 bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t* data_state, cudaStream_t s) {
     if (!exists(dir + "/latest")) return false;
-    std::string name = read_text(dir + "/latest");
+    std::string name = read_input_text(dir + "/latest", "--state-dir");
     const std::string path = dir + "/" + name + "/rank-" + std::to_string(m.comm->rank) + ".state";
-    Mapped f(path);
+    Mapped f(path, "--resume");
     StateHeader h;
     if (f.size < sizeof h) usage_error("--resume: '" + path + "' is truncated");
     memcpy(&h, f.data, sizeof h);

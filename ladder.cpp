@@ -324,13 +324,13 @@ static int measure_ladder(const Options& o) {
     if (log) log_ladder_run(log, o, cfg, layers);
     printf("the memory ladder, measured: %s, %lld tokens per sequence, %s, cap %.0f GiB; steps run with %d of %d layers\n",
            cfg.name.c_str(), (long long)o.seq_len, gpus_text(o).c_str(), ladder_cap(o), layers, cfg.n_layers);
-    printf("%-5s %-10s | %-22s | %8s %9s %8s %7s %7s | %9s %9s %7s %9s | %-26s\n", "stage", "adds", "full depth (plan)",
+    printf("%-5s %-11s | %-22s | %8s %9s %8s %7s %7s | %9s %9s %7s %9s | %-26s\n", "stage", "adds", "full depth (plan)",
            "model", "attention", "other", "comm", "host", "plan GiB", "measured", "diff", "step s",
            "longest context (confirmed)");
     for (int k = 0; k < (int)full.size(); k++) {
         const LadderRow& f = full[k];
         if (!f.refused.empty()) {
-            printf("%-5d %-10s | (%s)\n", k, f.flags.c_str(), f.refused.c_str());
+            printf("%-5d %-11s | (%s)\n", k, f.flags.c_str(), f.refused.c_str());
             if (log)
                 fprintf(log, "{\"type\": \"ladder_measured\", \"stage\": %d, \"adds\": \"%s\", \"refused\": \"%s\"}\n", k,
                         f.flags.c_str(), json_escape(f.refused).c_str());
@@ -342,7 +342,7 @@ static int measure_ladder(const Options& o) {
         if (!f.fits && f.total_gib <= ladder_cap(o)) snprintf(verdict, sizeof verdict, "OOM, host %.0f GiB", f.host_gib);
         else snprintf(verdict, sizeof verdict, f.fits ? "fits %.1f GiB" : "OOM, needs %.1f GiB", f.total_gib);
         if (std::isfinite(s.step_s)) snprintf(step, sizeof step, "%.3f", s.step_s);
-        printf("%-5d %-10s | %-22s | %8.2f %9.2f %8.2f %7.2f %7.2f | ", k, f.flags.c_str(), verdict, f.gib[MEM_MODEL],
+        printf("%-5d %-11s | %-22s | %8.2f %9.2f %8.2f %7.2f %7.2f | ", k, f.flags.c_str(), verdict, f.gib[MEM_MODEL],
                f.gib[MEM_ATTENTION], f.gib[MEM_OTHER], f.gib[MEM_COMM], f.host_gib);
         if (s.code == 0)
             printf("%9.2f %9.2f %6.1f%% %9s | %s\n", s.planned, s.measured, 100.0 * (s.measured - s.planned) / s.planned,

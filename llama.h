@@ -732,9 +732,7 @@ void untied_attention_backward(Model& m, int l, cudaStream_t s);
 // Files (files.cu): Hugging Face checkpoints, token files, the training state.
 // The config.json of a save: c, and the dtype its weights were written in (bf16 or fp32).
 std::string hf_config_json(const LlamaConfig& c, bool bf16);
-// Usage error (exit 2) listing every field of a config.json that contradicts c, and every RoPE
-// setting that is missing or unreadable (top-level rope_theta + rope_scaling, or rope_parameters).
-void check_hf_config(const LlamaConfig& c, const std::string& config_json, const std::string& path);
+// check_hf_config, the check of a config.json, is in input_files.h with the other readers.
 // This GPU's parameters from a HF checkpoint (a .safetensors file, or a directory with
 // model.safetensors or model.safetensors.index.json): every tensor's name and shape checked.
 std::vector<float> read_hf_weights(const Model& m, const std::string& path);

@@ -99,6 +99,11 @@ static const char* SECTIONS[] = {
 };
 
 using V = const std::string&;  // a flag's value, as given
+// A path flag's value: an empty one would read as "not given" (no file, synthetic data, random weights).
+static std::string path(V flag, V value) {
+    if (value.empty()) usage_error(flag + " needs a path, got an empty one");
+    return value;
+}
 static const std::vector<Flag>& flags() {
     static const std::vector<Flag> table = {
         {"--config", Takes::VALUE, " NAME", 0, "known: see below (default llama3.2-3b)", [](Options& o, V, V v) { o.config = v; }},
@@ -221,14 +226,14 @@ static const std::vector<Flag>& flags() {
              o.attention = v, o.step.fused_attention = v == "fused";
          }},
         {"--init-from", Takes::VALUE, " PATH", 6, "start from a Hugging Face checkpoint (model.safetensors, a directory, or a sharded index)",
-         [](Options& o, V, V v) { o.init_from = v; }},
+         [](Options& o, V f, V v) { o.init_from = path(f, v); }},
         {"--save-to", Takes::VALUE, " DIR", 6, "at the end, write a Hugging Face checkpoint (model.safetensors + config.json) to DIR",
-         [](Options& o, V, V v) { o.save_to = v; }},
+         [](Options& o, V f, V v) { o.save_to = path(f, v); }},
         {"--save-dtype", Takes::VALUE, " bf16|fp32", 6, "dtype of --save-to (default bf16)", [](Options& o, V, V v) { o.save_dtype = v; }},
         {"--data", Takes::VALUE, " FILE", 6, "train on a token file (random windows; format in the README) instead of --task",
-         [](Options& o, V, V v) { o.data_path = v; }},
+         [](Options& o, V f, V v) { o.data_path = path(f, v); }},
         {"--state-dir", Takes::VALUE, " DIR", 6, "the whole training state goes here, atomically, every --state-every steps",
-         [](Options& o, V, V v) { o.state_dir = v; }},
+         [](Options& o, V f, V v) { o.state_dir = path(f, v); }},
         {"--state-every", Takes::VALUE, " N", 6, "save the training state every N steps (and at the last step)",
          [](Options& o, V f, V v) { o.state_every = (int)parse_int(f, v, 1, 1 << 30); }},
         {"--resume", Takes::NOTHING, "", 6, "continue from the latest training state in --state-dir (fresh start if none)",
@@ -237,15 +242,15 @@ static const std::vector<Flag>& flags() {
          [](Options& o, V f, V v) { o.mem_cap_gib = parse_double(f, v, 0.001, 1e6); }},
         {"--plan", Takes::NOTHING, "", 7, "print the memory plan per category and exit (no GPU needed)", [](Options& o, V, V) { o.plan = true; }},
         {"--log", Takes::VALUE, " FILE", 7, "write one JSON object per step (plus one for the setup) to FILE",
-         [](Options& o, V, V v) { o.log_path = v; }},
+         [](Options& o, V f, V v) { o.log_path = path(f, v); }},
         {"--dump", Takes::VALUE, " FILE", 7, "write the first step's loss and every gradient (whole, float32) to FILE",
-         [](Options& o, V, V v) { o.dump_path = v; }},
+         [](Options& o, V f, V v) { o.dump_path = path(f, v); }},
         {"--timeline", Takes::VALUE, " FILE", 7,
          "write the last step's event timeline as JSON: each layer's forward and backward,\n"
          "its attention kernels, all-to-alls and MLP, FSDP's collectives, offload's copies",
-         [](Options& o, V, V v) { o.timeline_path = v; }},
+         [](Options& o, V f, V v) { o.timeline_path = path(f, v); }},
         {"--mem-trace", Takes::VALUE, " FILE", 7, "write live memory per category (and pinned host) over the last step, as JSON lines",
-         [](Options& o, V, V v) { o.mem_trace_path = v; }},
+         [](Options& o, V f, V v) { o.mem_trace_path = path(f, v); }},
         {"--peak-tflops", Takes::VALUE, " X", 7, "bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)",
          [](Options& o, V f, V v) { o.peak_tflops = parse_double(f, v, 0.001, 1e6); }},
         {"--help", Takes::NOTHING, "", 7, "this text", [](Options& o, V, V) { o.help = true; }},

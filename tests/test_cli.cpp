@@ -176,7 +176,9 @@ TEST(SyntheticData, InductionTaskHasOneEarlierOccurrence) {
         for (int64_t i = 0; i < S; i++) {
             ASSERT_GE(t[i], 0);
             ASSERT_LT(t[i], vocab);
-            if (i >= half) EXPECT_EQ(t[i], t[i - half]);
+            if (i >= half) {
+                EXPECT_EQ(t[i], t[i - half]);
+            }
             const bool scored = i + 1 >= half;
             EXPECT_EQ(tgt[b * S + i] >= 0, scored) << i;
         }

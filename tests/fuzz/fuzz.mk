@@ -1,0 +1,34 @@
+# tests/fuzz/fuzz.mk - the fuzz targets of the input readers, included by the Makefile.
+#
+# One libFuzzer target per reader of input_files.h: the token file, the safetensors header,
+# config.json and the sharded index (tests/fuzz/fuzz_*.cpp, each with its own oracle and seeds
+# under tests/fuzz/seeds/). Each is built by clang++ from the readers' own sources, with
+# AddressSanitizer and UndefinedBehaviorSanitizer. `make test` runs each for FUZZ_SECONDS
+# through tests/fuzz/run_fuzz.sh and counts it as one test; without a clang++ that links
+# libFuzzer (Debian: clang, libclang-rt-dev) the targets are not built and their runs skip.
+#   make test FUZZ_SECONDS=600         fuzz longer
+#   build/fuzz/fuzz_config -help=1     libFuzzer's options, for a run by hand
+FUZZ_CXX     ?= clang++
+FUZZ_SECONDS ?= 40
+FUZZ_FLAGS   := -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I. -Itests/fuzz
+FUZZ_TARGETS := tokens safetensors config index
+FUZZ_RUNS    := $(FUZZ_TARGETS:%=build/fuzz/run_%)
+export FUZZ_SECONDS
+
+TEST_BINS += $(FUZZ_RUNS)
+all: $(FUZZ_RUNS)
+
+# A target that fails to compile fails the build, unless clang++ cannot link libFuzzer at all.
+LIBFUZZER_PROBE := echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' | \
+                   $(FUZZ_CXX) -x c++ -fsanitize=fuzzer,address,undefined - -o build/fuzz/probe_$* >/dev/null 2>&1
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.cpp tests/fuzz/oracle.h json.cpp input_files.cpp json.h input_files.h common.h
+	@mkdir -p build/fuzz
+	@if $(LIBFUZZER_PROBE); then \
+	  echo "$(FUZZ_CXX) $(FUZZ_FLAGS) $< json.cpp input_files.cpp -o $@"; \
+	  $(FUZZ_CXX) $(FUZZ_FLAGS) $< json.cpp input_files.cpp -o $@; \
+	else echo "no $(FUZZ_CXX) with libFuzzer: $@ not built, its run will skip"; fi; \
+	status=$$?; rm -f build/fuzz/probe_$*; exit $$status
+
+# What tests/run_tests.sh runs: a two-line script calling run_fuzz.sh for the target.
+build/fuzz/run_%: build/fuzz/fuzz_% tests/fuzz/run_fuzz.sh
+	@printf '#!/bin/sh\nexec bash "%s/tests/fuzz/run_fuzz.sh" %s\n' "$(CURDIR)" $* > $@ && chmod +x $@

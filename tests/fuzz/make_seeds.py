@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+# tests/fuzz/make_seeds.py - writes the seed corpora of the fuzz targets under seeds/<target>/:
+# small valid inputs of every shape the readers accept, and a few near misses. libFuzzer mutates
+# from these; the committed files are what this script writes (run it from any folder).
+import json, os, struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def put(target, name, data):
+    d = os.path.join(HERE, "seeds", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def tokens(count, values, tail=b""):
+    return b"LLTOKENS" + struct.pack("<IIQ", 1, 4, count) + struct.pack(f"<{len(values)}I", *values) + tail
+
+
+put("tokens", "valid", tokens(5, [1, 2, 3, 500, 7]))
+put("tokens", "empty", tokens(0, []))
+put("tokens", "trailing_bytes", tokens(2, [4, 5], b"\0\0"))
+put("tokens", "outside_vocabulary", tokens(3, [1, 600, 2]))
+put("tokens", "truncated", tokens(4, [1, 2]))
+put("tokens", "version_2", b"LLTOKENS" + struct.pack("<IIQ", 2, 4, 0))
+
+
+def safetensors(tensors, metadata=None, pad=True, extra=b""):
+    header, offset, data = {}, 0, b""
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape in tensors:
+        n = {"F32": 4, "BF16": 2, "F16": 2}.get(dtype, 1)
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        data += bytes(range(n % 251)) + bytes(n - n % 251)
+        offset += n
+    text = json.dumps(header)
+    if pad:
+        text += " " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text.encode() + data + extra
+
+
+three = [("model.norm.weight", "F32", [4]), ("model.embed_tokens.weight", "BF16", [3, 2]), ("w", "F16", [2, 1, 2])]
+put("safetensors", "valid", safetensors(three, {"format": "pt"}))
+put("safetensors", "unpadded", safetensors(three, pad=False))
+put("safetensors", "empty_tensor", safetensors([("a", "F32", [0, 5]), ("b", "F32", [1])]))
+put("safetensors", "scalar", safetensors([("s", "F32", [])], {"note": "caf\u00e9 \ud83d\ude00"}))
+put("safetensors", "no_tensors", safetensors([], {}))
+put("safetensors", "trailing_byte", safetensors(three, extra=b"\0"))
+put("safetensors", "dtype_i8", safetensors([("q", "I8", [4])]))
+
+rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}
+tiny = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 384,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+        "vocab_size": 512, "rms_norm_eps": 1e-05, "tie_word_embeddings": True, "hidden_act": "silu",
+        "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16"}
+put("config", "v4", json.dumps(dict(tiny, rope_theta=500000.0, rope_scaling=rope), indent=2))
+put("config", "v5", json.dumps(dict(tiny, rope_parameters=dict(rope, rope_theta=500000.0))))
+put("config", "both_places", json.dumps(dict(tiny, rope_theta=500000, rope_scaling=rope,
+                                             rope_parameters=dict(rope, rope_theta=5e5))))
+old = {k: v for k, v in rope.items() if k != "rope_type"}
+put("config", "type_spelling", json.dumps(dict(tiny, rope_theta=500000.0, rope_scaling=dict(old, type="llama3"))))
+bare = {k: v for k, v in tiny.items() if k not in ("hidden_act", "attention_bias", "mlp_bias", "architectures")}
+put("config", "defaults", json.dumps(dict(bare, rope_theta=500000.0, rope_scaling=rope), separators=(",", ":")))
+put("config", "escapes", '{"model_type": "ll\\u0061ma", "name": "\\ud83d\\ude00 caf\u00e9 \\/\\b\\f\\n\\r\\t\\"\\\\"}')
+put("config", "wrong_types", json.dumps(dict(tiny, hidden_size="128", tie_word_embeddings="true", rope_theta=None)))
+
+put("index", "valid", json.dumps({"metadata": {"total_size": 1234},
+                                  "weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors",
+                                                 "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                                                 "lm_head.weight": "model-00002-of-00002.safetensors"}}, indent=2))
+put("index", "one_shard", '{"weight_map":{"a":"model.safetensors"}}')
+put("index", "unicode", '{"weight_map": {"t\\u00e9": "sh\u00e4rd.safetensors", "u": "x\\u0041.safetensors"}}')
+put("index", "path", '{"weight_map": {"a": "../model.safetensors"}}')
