@@ -23,7 +23,7 @@ GTEST     := -lgtest -lpthread
 BUILD_FLAGS := $(NVCC) $(NVFLAGS) / $(CXX) $(CXXFLAGS)
 $(shell mkdir -p build/tests build/bench && (echo '$(BUILD_FLAGS)' | cmp -s - build/flags || echo '$(BUILD_FLAGS)' > build/flags))
 
-RUN_ARGS  ?= --config mini --seq-len 4K --batch 4 --steps 1000 --lr 1e-3 --task induction
+RUN_ARGS  ?= --config mini --seq-len 4K --batch 4 --steps 1000 --lr 1e-3 --task induction --seed 1
 
 HEADERS   := common.h llama.h train.h attention_ptx.cuh attention_hopper_ptx.cuh
 LIB_OBJS  := build/llama.o build/kernels.o build/attention.o build/attention_hopper.o build/checkpointing.o build/chunked.o \
