@@ -3,9 +3,9 @@
 #   make                 build ./train, the test binaries and the benches (Hopper: sm_90a)
 #   make test            run every test suite; GPU tests skip without a GPU; ends with
 #                        "N passed, N failed, N skipped"
-#   make run             train the default model on the visible GPU (RUN_ARGS to change it)
+#   make run             a small model learns the induction task on the visible GPU (RUN_ARGS to change it)
 #   make ladder          the talk's memory ladder, measured (on 8 GPUs, or one emulating rank 0 of 8)
-#   make long            the full stack trained at 3M and 5M tokens on the talk's node
+#   make long            the talk's stack (stage 6) trained at 3M and 5M tokens on the talk's node
 #   make bench           the attention kernels, timed, beside PyTorch where it is installed
 #   make notebooks       the figures of results/figures/ from results/
 #   make GPU_ARCH='-gencode=arch=compute_80,code=sm_80'   build for another architecture
@@ -114,7 +114,7 @@ ladder: train
 	    --log $(LADDER_OUT)/ladder_$${cfg}_$${seq}.jsonl || exit 1; \
 	done; done
 
-# The full stack (--stage 6) trained on the node at 3M and then 5M tokens: Llama 3.1 8B at full
+# The talk's stack (--stage 6) trained on the node at 3M and then 5M tokens: Llama 3.1 8B at full
 # depth, LONG_STEPS steps each, one JSON log per length under LONG_OUT. A step takes tens of
 # minutes per GPU at these lengths (each GPU holds S/8 tokens of a sequence whose attention
 # grows as S^2). LONG_ARGS adds flags (e.g. --layers 2 for a quick look).
@@ -130,7 +130,8 @@ long: train
 	    --task random $(LONG_ARGS) --log $(LONG_OUT)/long_$(LONG_CONFIG)_$$seq.jsonl || exit 1; \
 	done
 
-# Tokens/s per GPU at full depth for long contexts: a few layers of each model at each length, one
+# Tokens/s per GPU at full depth for long contexts, stage 7 with --ckpt=selective (bench/throughput.sh's
+# FLAGS): a few layers of each model at each length, one
 # of each kind the full-depth plan has (attention output on the host, input rebuilt, attention
 # rerun, the last in its slot), and the rest of the step, added up to the full depth; each layer
 # taken apart from the --timeline, and the bounds (bench/throughput.sh, bench/throughput.py).

@@ -41,7 +41,7 @@
 //    Cost: none.
 //
 // With all four, Llama 3.1 8B at 3M tokens on 8 GPUs plans 39.1 GiB per GPU where the talk's
-// stack (stage 6) plans 48.8 (the ladder: ./train --ladder --plan --config llama3.1-8b --seq-len 3M).
+// stack (stage 6) plans 49.2 (the ladder: ./train --ladder --plan --config llama3.1-8b --seq-len 3M).
 //
 // Where stage 7 changes the step:
 //   llama.cu model_declare_buffers   param_layout with --vocab-pieces; savings_plan after the

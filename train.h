@@ -122,7 +122,7 @@ struct LadderRow {
     bool fits = false;
     int64_t longest = 0;            // the longest context that fits under the cap, tokens
 };
-// Planned memory per GPU of stages 0..6 for o's config, --seq-len, GPUs (--nproc/--sim-world)
+// Planned memory per GPU of stages 0..7 for o's config, --seq-len, GPUs (--nproc/--sim-world)
 // and cap (--mem-cap-gib, default 80).
 std::vector<LadderRow> ladder_plan(const Options& o);
 // --ladder: the planned table (--plan) or every stage measured; on the talk's node by default.
