@@ -168,9 +168,10 @@ private:
         *cp = 0;
         for (int k = 0; k < 4; k++) {
             const char c = t[p + k];
-            const char* h = strchr("0123456789" "abcdef", c >= 'A' && c <= 'F' ? c + 32 : c);
+            static const char digits[] = "0123456789" "abcdef";
+            const char* h = strchr(digits, c >= 'A' && c <= 'F' ? c + 32 : c);
             if (!h || c == '\0') return false;
-            *cp = *cp * 16 + (unsigned)(h - "0123456789" "abcdef");
+            *cp = *cp * 16 + (unsigned)(h - digits);
         }
         p += 4;
         return true;
