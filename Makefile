@@ -96,7 +96,7 @@ NODE_GPUS ?= $(if $(filter-out 0 1 2 3 4 5 6 7,$(VISIBLE_GPUS)),--nproc 8,--sim-
 
 # The memory ladder: every stage of both models at 3M and 5M tokens, planned at full depth and
 # allocated on the node (--steps 0: the static plan's peak is reached at allocation); at 3M each
-# stage's longest context is allocated too, and 1K more tried. JSON under LADDER_OUT (results/),
+# stage's longest context is allocated too, and 1K more tried. JSON under LADDER_OUT (results/ladder/),
 # with the commit (TRAIN_COMMIT; git's HEAD here, "-dirty" when the tree has changes).
 # LADDER_ARGS adds steps where the GPU time is there (--steps 1 --measure-layers 1). A reduced
 # run of the multi-process path on two GPUs: make ladder NODE_GPUS='--nproc 2' LADDER_SEQS=256K
@@ -104,7 +104,7 @@ NODE_GPUS ?= $(if $(filter-out 0 1 2 3 4 5 6 7,$(VISIBLE_GPUS)),--nproc 8,--sim-
 LADDER_ARGS ?= --mem-cap-gib 80 --steps 0 --task random
 LADDER_CONFIGS ?= llama3.2-3b llama3.1-8b
 LADDER_SEQS ?= 3M 5M
-LADDER_OUT ?= results
+LADDER_OUT ?= results/ladder
 ladder: train
 	@mkdir -p $(LADDER_OUT); \
 	export TRAIN_COMMIT=$${TRAIN_COMMIT:-$$(git rev-parse HEAD 2>/dev/null || echo unknown)$$(git diff --quiet HEAD 2>/dev/null || echo -dirty)}; \
@@ -122,7 +122,7 @@ LONG_CONFIG ?= llama3.1-8b
 LONG_SEQS ?= 3M 5M
 LONG_STEPS ?= 2
 LONG_ARGS ?=
-LONG_OUT ?= results
+LONG_OUT ?= results/multi_gpu
 long: train
 	@mkdir -p $(LONG_OUT); \
 	for seq in $(LONG_SEQS); do \

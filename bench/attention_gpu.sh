@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/attention_gpu.sh - the attention benches behind results/attention_h200.json, run from the
+# bench/attention_gpu.sh - the attention benches behind results/attention/attention_h200.json, run from the
 # repository root after make; each part's log and JSON lines go to $OUT (default gpu_logs/attention).
 #
 #   PARTS="bench torch" (the default) bash bench/attention_gpu.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/core_runs.sh - the one-GPU training runs behind results/core_*_h200.json, run from the
+# bench/core_runs.sh - the one-GPU training runs behind results/steps/core_*_h200.json, run from the
 # repository root after make; each run's log and --log JSON lines go to $OUT (default gpu_logs/core).
 #
 #   PARTS="8k 256k 64k" (the default) bash bench/core_runs.sh

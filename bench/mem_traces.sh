@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/mem_traces.sh - memory over one step (--mem-trace) of Llama 3.2 3B, 8 layers, 64K tokens:
-# plain, --ckpt, --ckpt --offload --chunked, as results/mem_trace_*.jsonl, in $OUT (gpu_logs/mem_traces).
+# plain, --ckpt, --ckpt --offload --chunked, as results/memory/mem_trace_*.jsonl, in $OUT (gpu_logs/mem_traces).
 set -u
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 L=${OUT:-gpu_logs/mem_traces}; mkdir -p "$L"

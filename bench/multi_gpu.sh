@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/multi_gpu.sh - memory per GPU and step time as FSDP and Ulysses divide them, on two GPUs
-# (--nproc 2) and emulated (--sim-world 2, 8): results/multi_gpu_h200x2.json. Logs and a markdown
+# (--nproc 2) and emulated (--sim-world 2, 8): results/multi_gpu/fsdp_ulysses_3b_64k.json. Logs and a markdown
 # table (bench/summarize.py) go to $OUT (default gpu_logs/multi_gpu); run from the repository root.
 set -u
 export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}

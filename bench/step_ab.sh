@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/step_ab.sh - two builds of ./train on one GPU, back to back in the order A B B A: what a
-# change does to a training step, apart from the spread between GPUs (docs/results.md). Each
+# change does to a training step, apart from the spread between GPUs (docs/history.md). Each
 # run's step time and its attention kernels' time (every attention forward, reruns included, and
 # every backward) come from --log and --timeline.
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/techniques.sh - activation checkpointing, CPU offload and chunking on one GPU: memory and
-# step time, results/techniques_h200.json. Logs and markdown tables go to $OUT (default
+# step time, results/steps/techniques_h200.json. Logs and markdown tables go to $OUT (default
 # gpu_logs/techniques); run from the repository root. PART_A=0 or PART_B=0 skips a part.
 #   A. Llama 3.2 3B, 4 layers, 128K tokens: plain, --ckpt, --ckpt=selective, --ckpt --offload
 #      (with its event timeline), --ckpt=selective --offload

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/throughput.sh - tokens/s per GPU at full depth for long contexts, from a few layers run at
 # the real length (make throughput). Logs, timelines and NAME.throughput.json go to $OUT
-# (gpu_logs/throughput); results/throughput_h200.json collects them.
+# (gpu_logs/throughput); results/throughput/throughput_h200.json collects them.
 #
 # For each model in CONFIGS (llama3.1-8b llama3.2-3b) and length in SEQS (3M 4M 5M), as rank 0 of
 # 8 (--sim-world 8; on a node of 8 GPUs NODE_GPUS='--nproc 8'), under the 80 GiB cap, with the

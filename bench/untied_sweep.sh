@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/untied_sweep.sh - Untied Ulysses' memory/time trade-off (the talk, 11:43), as recorded in
-# results/untied_sweep_*_h200.json; logs, a markdown table and the plans go to $OUT (gpu_logs/untied_sweep).
+# results/memory/untied_sweep_*_h200.json; logs, a markdown table and the plans go to $OUT (gpu_logs/untied_sweep).
 #
 # Llama 3.1 8B as rank 0 of eight GPUs (--sim-world 8) at SEQ tokens (1M), the ladder's stage 5
 # (plain Ulysses) against --untied=K for K in KS (1 2 4; 4 = all of a GPU's 32/8 query heads):

@@ -555,7 +555,7 @@ TEST(Binary, RebuiltInputLetsTheHostKeepOneMoreAttentionOutput) {
 
 // make throughput (bench/throughput.sh, bench/throughput.py): the short run a full-depth plan asks
 // for, one layer of each kind, and the committed runs' figures recomputed from their logs (what
-// docs/results.md reports).
+// docs/results.md and docs/history.md report).
 TEST(Throughput, RunShapesAndCommittedFigures) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     if (run_command("python3 --version").code != 0) GTEST_SKIP() << "no python3";
@@ -583,26 +583,26 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
         EXPECT_EQ(r.code, 0) << r.output;
         for (const std::string& f : figures) EXPECT_NE(r.output.find(f), std::string::npos) << dir << ": " << f << "\n" << r.output;
     };
-    recompute("s15", eight, {"| **202.2** |", "| **152.8** |", "| **121.5** |", "15 host, 11 rebuilt, 5 device, 1 slot"});
-    recompute("s14", eight, {"| **200.2** |", "| **150.2** |", "| **109.5** |", "15 host, 5 device, 1 slot, 11 rerun"});
-    recompute("s16", " llama3.1-8b_3M llama3.2-3b_3M llama3.2-3b_4M llama3.2-3b_5M",
+    recompute("8b_3m_4m_5m_rebuilt_inputs", eight, {"| **202.2** |", "| **152.8** |", "| **121.5** |", "15 host, 11 rebuilt, 5 device, 1 slot"});
+    recompute("8b_3m_4m_5m_rerun_layer", eight, {"| **200.2** |", "| **150.2** |", "| **109.5** |", "15 host, 5 device, 1 slot, 11 rerun"});
+    recompute("3b_3m_4m_5m_8b_3m_whole_weights", " llama3.1-8b_3M llama3.2-3b_3M llama3.2-3b_4M llama3.2-3b_5M",
               {"| **196.0** |", "| **309.2** |", "| **233.8** |", "| **186.9** |", "27 host, 1 slot",
                "| not logged |"});  // no clockref then
-    // From s17 on, logged with their clock references: the clocks by phase come from the GPU's own samples.
-    recompute("s17", eight, {"| **197.8** |", "| **149.1** |", "| **118.9** |", "| 1455 MHz, 693 W / 1650 MHz, 692 W |"});
-    recompute("s17/stmatrix", " llama3.1-8b_3M", {"| **200.6** |", "| 647 / 581 | 1575 MHz, 691 W / 1650 MHz, 691 W |"});
-    // s18: main's kernels at every length, 3M on one machine (and again on another), 4M and 5M on a third.
-    recompute("s18", eight, {"| **199.9** |", "| **153.2** |", "| **122.8** |", "| 647 / 584 | 1590 MHz, 691 W / 1672 MHz, 691 W |"});
-    recompute("s18/second_3m", " llama3.1-8b_3M", {"| **202.6** |", "| 645 / 586 | 1560 MHz, 692 W / 1680 MHz, 691 W |"});
-    // s19: 3B with main's kernels, every length on one machine (its forward at 1455-1575 MHz).
-    recompute("s19", " llama3.2-3b_3M llama3.2-3b_4M llama3.2-3b_5M",
+    // The runs below were logged with their clock references: the clocks by phase come from the GPU's own samples.
+    recompute("8b_3m_4m_5m_whole_weights", eight, {"| **197.8** |", "| **149.1** |", "| **118.9** |", "| 1455 MHz, 693 W / 1650 MHz, 692 W |"});
+    recompute("8b_3m_4m_5m_whole_weights/3m_stmatrix", " llama3.1-8b_3M", {"| **200.6** |", "| 647 / 581 | 1575 MHz, 691 W / 1650 MHz, 691 W |"});
+    // The stmatrix kernels at every length, 3M on one GPU (and again on another), 4M and 5M on a third.
+    recompute("8b_3m_4m_5m_stmatrix", eight, {"| **199.9** |", "| **153.2** |", "| **122.8** |", "| 647 / 584 | 1590 MHz, 691 W / 1672 MHz, 691 W |"});
+    recompute("8b_3m_4m_5m_stmatrix/3m_other_gpu", " llama3.1-8b_3M", {"| **202.6** |", "| 645 / 586 | 1560 MHz, 692 W / 1680 MHz, 691 W |"});
+    // 3B with the stmatrix kernels, every length on one GPU (its forward at 1455-1575 MHz).
+    recompute("3b_3m_4m_5m_stmatrix", " llama3.2-3b_3M llama3.2-3b_4M llama3.2-3b_5M",
               {"| **307.7** |", "| **231.5** |", "| **183.1** |", "| 604 / 579 | 1455 MHz, 692 W / 1650 MHz, 692 W |"});
-    recompute("s19/q_registers", " llama3.1-8b_3M", {"| **203.1** |", "| 653 / 584 | 1560 MHz, 692 W / 1680 MHz, 691 W |"});
+    recompute("8b_3m_q_registers", " llama3.1-8b_3M", {"| **203.1** |", "| 653 / 584 | 1560 MHz, 692 W / 1680 MHz, 691 W |"});
     // The GPU's clocks by phase: 3B at 5M, its step ended at 05:46:12 of the device's clock (Unix
     // 1312 against a reference pairing 05:41:00 with 1000). The forward layers then ran from 05:41:59
     // to 05:43:04, six samples (1560-1605 MHz), and the backward to the end, 19 (1635-1710).
     const std::string fx = out + "clocks/";
-    Result made = run_command("mkdir -p " + fx + " && cp results/throughput/s16/llama3.2-3b_5M.* " + fx +
+    Result made = run_command("mkdir -p " + fx + " && cp results/throughput/3b_3m_4m_5m_8b_3m_whole_weights/llama3.2-3b_5M.* " + fx +
                               " && echo '2026/12/01 05:41:00.000000000 1000.0' > " + fx + "llama3.2-3b_5M.clockref" +
                               " && sed -i 's/}$/, \"end_unix_s\": 1312.0}/' " + fx + "llama3.2-3b_5M.jsonl");
     ASSERT_EQ(made.code, 0) << made.output;
