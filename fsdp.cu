@@ -42,8 +42,8 @@
 // head once (in pieces twice: the head's two passes, savings.cu lm_head_in_pieces), a tied
 // embedding once more per head pass. It reduce-scatters the gradients once in fp32. All of
 // it overlaps with compute except in the head, whose final norm holds one slot while the head's
-// unit (or its pieces) passes through the other. The conversion reads 4 and writes 2 bytes per parameter of this GPU's
-// share each time: about 6 x 2 x 8.0e9 / N bytes a step for 8B, milliseconds.
+// unit (or its pieces) passes through the other. The conversion reads 4 and writes 2 bytes per
+// parameter of this GPU's share each time: about 6 x 2 x 8.0e9 / N bytes a step for 8B, milliseconds.
 //
 // Where --fsdp changes the step:
 //   llama.cu declare_model_states   model states hold this GPU's shards (fsdp_local_params)
