@@ -13,50 +13,60 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CXX       ?= g++
 GPU_ARCH  ?= -gencode=arch=compute_90a,code=sm_90a
-NVFLAGS   ?= -O3 -std=c++17 $(GPU_ARCH) -lineinfo -Xcompiler -Wall
-CXXFLAGS  ?= -O2 -std=c++17 -Wall -I$(CUDA_HOME)/include
+NVFLAGS   ?= -O3 -std=c++17 $(GPU_ARCH) -lineinfo -Xcompiler -Wall -I.
+CXXFLAGS  ?= -O2 -std=c++17 -Wall -I. -I$(CUDA_HOME)/include
 LDLIBS    := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lnccl -lpthread
 GTEST     := -lgtest -lpthread
+
+# `make` alone builds what `make all` builds.
+.DEFAULT_GOAL := all
 
 # The compiler flags in use, kept in build/flags and rewritten only when they change: every
 # object depends on it, so a build with another GPU_ARCH (or other flags) rebuilds everything.
 BUILD_FLAGS := $(NVCC) $(NVFLAGS) / $(CXX) $(CXXFLAGS)
-$(shell mkdir -p build/tests build/bench && (echo '$(BUILD_FLAGS)' | cmp -s - build/flags || echo '$(BUILD_FLAGS)' > build/flags))
+$(shell mkdir -p build && (echo '$(BUILD_FLAGS)' | cmp -s - build/flags || echo '$(BUILD_FLAGS)' > build/flags))
 
 RUN_ARGS  ?= --config mini --seq-len 4K --batch 4 --steps 1000 --lr 1e-3 --task induction --seed 1
 
-HEADERS   := common.h llama.h train.h attention_ptx.cuh attention_hopper_ptx.cuh
-LIB_OBJS  := build/llama.o build/kernels.o build/attention.o build/attention_hopper.o build/checkpointing.o build/chunked.o \
-             build/offload.o build/selective.o build/savings.o build/fsdp.o \
-             build/ulysses.o build/untied.o build/comm.o build/files.o build/timeline.o
-# The readers of input files: host code (json.h, input_files.h), also built into the fuzz targets.
-LIB_OBJS  += build/json.o build/input_files.o
-build/json.o build/input_files.o build/files.o: json.h input_files.h
-build/tests/test_files.o build/tests/test_inputs.o: json.h input_files.h tests/files_util.h
+# The talk at the top level (llama.cu and one file per technique); stage 7 in beyond/; the
+# layers' kernels in kernels/; the files a run reads and writes in io/; the run's machinery
+# (configs, communicator, launcher, ladder, timeline) in infra/.
+HEADERS   := llama.h infra/common.h infra/train.h kernels/attention_ptx.cuh kernels/attention_hopper_ptx.cuh \
+             io/json.h io/input_files.h
+LIB_OBJS  := build/llama.o build/fsdp.o build/ulysses.o build/checkpointing.o build/offload.o build/chunked.o \
+             build/untied.o build/beyond/savings.o build/beyond/selective.o \
+             build/kernels/kernels.o build/kernels/attention.o build/kernels/attention_hopper.o \
+             build/io/files.o build/io/json.o build/io/input_files.o \
+             build/infra/comm.o build/infra/timeline.o
+APP_OBJS  := build/infra/launch.o build/infra/ladder.o
 TEST_BINS := build/tests/test_reference build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \
              build/tests/test_files build/tests/test_inputs build/tests/test_hf
 TEST_COMMON := build/tests/test_main.o build/tests/reference.o
-APP_OBJS  := build/launch.o build/ladder.o
+TEST_HEADERS := tests/reference.h tests/test_util.h tests/gpu_util.h tests/files_util.h
 
 all: train $(TEST_BINS) build/bench_attention build/bench_attention_hopper build/schedule_sim
 
-build/%.o: %.cu $(HEADERS) build/flags | build
+build/%.o: %.cu $(HEADERS) build/flags
+	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-build/%.o: %.cpp $(HEADERS) build/flags | build
+build/%.o: %.cpp $(HEADERS) build/flags
+	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-build/train_lib.o: train.cpp $(HEADERS) build/flags | build
+build/train_lib.o: train.cpp $(HEADERS) build/flags
 	$(CXX) $(CXXFLAGS) -DTRAIN_NO_MAIN -c $< -o $@
 
 train: build/train.o $(APP_OBJS) $(LIB_OBJS)
 	$(NVCC) $(GPU_ARCH) $^ -o $@ $(LDLIBS)
 
-build/tests/%.o: tests/%.cpp $(HEADERS) tests/reference.h tests/test_util.h build/flags | build
+build/tests/%.o: tests/%.cpp $(HEADERS) $(TEST_HEADERS) build/flags
+	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-build/tests/%.o: tests/%.cu $(HEADERS) tests/reference.h tests/test_util.h tests/gpu_util.h build/flags | build
+build/tests/%.o: tests/%.cu $(HEADERS) $(TEST_HEADERS) build/flags
+	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 build/tests/test_reference: build/tests/test_reference.o $(TEST_COMMON)
@@ -68,15 +78,9 @@ build/tests/test_%: build/tests/test_%.o build/train_lib.o $(APP_OBJS) $(LIB_OBJ
 build/bench_%: build/bench/%.o build/train_lib.o $(APP_OBJS) $(LIB_OBJS)
 	$(NVCC) $(GPU_ARCH) $^ -o $@ $(LDLIBS)
 
-build/bench/%.o: bench/%.cu $(HEADERS) build/flags | build
-	$(NVCC) $(NVFLAGS) -c $< -o $@
-
 # A model of the dK/dV kernel's block schedule (CPU only; see its header).
-build/schedule_sim: bench/schedule_sim.cpp build/flags | build
+build/schedule_sim: bench/schedule_sim.cpp build/flags
 	$(CXX) $(CXXFLAGS) $< -o $@
-
-build:
-	mkdir -p build/tests build/bench
 
 test: all
 	@bash tests/run_tests.sh $(TEST_BINS)

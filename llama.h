@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common.h"
+#include "infra/common.h"
 
 typedef __nv_bfloat16 bf16;
 

@@ -5,7 +5,7 @@
 //   ./train --config llama3.2-3b --seq-len 8K --steps 20      train, print one line a step
 //   ./train --config llama3.1-8b --seq-len 64K --plan         the memory plan, no GPU needed
 //   ./train --help                                            every flag
-#include "train.h"
+#include "infra/train.h"
 
 #include <cuda_runtime.h>
 #include <sys/stat.h>

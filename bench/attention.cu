@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "../llama.h"
-#include "../train.h"
+#include "../infra/train.h"
 
 static float median(std::vector<float> v) {
     std::sort(v.begin(), v.end());

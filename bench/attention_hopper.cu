@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../llama.h"
-#include "../train.h"
+#include "../infra/train.h"
 
 static std::vector<float> download_bf16(const bf16* d, int64_t n) {
     std::vector<bf16> h(n);

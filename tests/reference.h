@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../common.h"
+#include "../infra/common.h"
 
 namespace ref {
 

@@ -10,7 +10,7 @@
 #include <functional>
 
 #include "../llama.h"
-#include "../train.h"
+#include "../infra/train.h"
 #include "test_util.h"
 
 namespace {

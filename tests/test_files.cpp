@@ -16,9 +16,9 @@
 #include <regex>
 #include <sstream>
 
-#include "../input_files.h"
+#include "../io/input_files.h"
 #include "../llama.h"
-#include "../train.h"
+#include "../infra/train.h"
 #include "files_util.h"
 #include "test_util.h"
 

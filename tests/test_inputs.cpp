@@ -16,10 +16,10 @@
 #include <cstring>
 #include <regex>
 
-#include "../input_files.h"
-#include "../json.h"
+#include "../io/input_files.h"
+#include "../io/json.h"
 #include "../llama.h"
-#include "../train.h"
+#include "../infra/train.h"
 #include "files_util.h"
 #include "test_util.h"
 

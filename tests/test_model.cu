@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "../train.h"
+#include "../infra/train.h"
 #include "gpu_util.h"
 #include "reference.h"
 

@@ -17,7 +17,7 @@
 
 #include <cuda_runtime.h>
 
-#include "../train.h"
+#include "../infra/train.h"
 #include "test_util.h"
 
 namespace {

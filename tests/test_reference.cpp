@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "../common.h"
+#include "../infra/common.h"
 #include "reference.h"
 #include "test_util.h"
 

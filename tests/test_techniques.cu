@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "../train.h"
+#include "../infra/train.h"
 #include "gpu_util.h"
 
 namespace {

@@ -1,6 +1,6 @@
 # tests/fuzz/fuzz.mk - the fuzz targets of the input readers, included by the Makefile.
 #
-# One libFuzzer target per reader of input_files.h: the token file, the safetensors header,
+# One libFuzzer target per reader of io/input_files.h: the token file, the safetensors header,
 # config.json and the sharded index (tests/fuzz/fuzz_*.cpp, each with its own oracle and seeds
 # under tests/fuzz/seeds/). Each is built by clang++ from the readers' own sources, with
 # AddressSanitizer and UndefinedBehaviorSanitizer. `make test` runs each for FUZZ_SECONDS
@@ -21,11 +21,11 @@ all: $(FUZZ_RUNS)
 # A target that fails to compile fails the build, unless clang++ cannot link libFuzzer at all.
 LIBFUZZER_PROBE := echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' | \
                    $(FUZZ_CXX) -x c++ -fsanitize=fuzzer,address,undefined - -o build/fuzz/probe_$* >/dev/null 2>&1
-build/fuzz/fuzz_%: tests/fuzz/fuzz_%.cpp tests/fuzz/oracle.h json.cpp input_files.cpp json.h input_files.h common.h
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.cpp tests/fuzz/oracle.h io/json.cpp io/input_files.cpp io/json.h io/input_files.h infra/common.h
 	@mkdir -p build/fuzz
 	@if $(LIBFUZZER_PROBE); then \
-	  echo "$(FUZZ_CXX) $(FUZZ_FLAGS) $< json.cpp input_files.cpp -o $@"; \
-	  $(FUZZ_CXX) $(FUZZ_FLAGS) $< json.cpp input_files.cpp -o $@; \
+	  echo "$(FUZZ_CXX) $(FUZZ_FLAGS) $< io/json.cpp io/input_files.cpp -o $@"; \
+	  $(FUZZ_CXX) $(FUZZ_FLAGS) $< io/json.cpp io/input_files.cpp -o $@; \
 	else echo "no $(FUZZ_CXX) with libFuzzer: $@ not built, its run will skip"; fi; \
 	status=$$?; rm -f build/fuzz/probe_$*; exit $$status
 

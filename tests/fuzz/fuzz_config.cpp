@@ -6,7 +6,7 @@
 // given somewhere (rope_theta's default, 10000, is not ours).
 #include <cstdint>
 
-#include "input_files.h"
+#include "io/input_files.h"
 #include "oracle.h"
 
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <set>
 
-#include "input_files.h"
+#include "io/input_files.h"
 #include "oracle.h"
 
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "input_files.h"
+#include "io/input_files.h"
 #include "oracle.h"
 
 namespace {

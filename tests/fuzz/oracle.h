@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common.h"
+#include "infra/common.h"
 
 [[noreturn]] inline void oracle_fail(const std::string& why) {
     fprintf(stderr, "ORACLE: %s\n", why.c_str());

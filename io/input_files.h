@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common.h"
+#include "infra/common.h"
 #include "json.h"
 
 // ---------------------------------------------------------------------------------------------

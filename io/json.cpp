@@ -8,7 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "common.h"
+#include "infra/common.h"
 
 class JsonParser {
 public:
