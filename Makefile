@@ -31,15 +31,14 @@ RUN_ARGS  ?= --config mini --seq-len 4K --batch 4 --steps 1000 --lr 1e-3 --task 
 # The talk at the top level (llama.cu and one file per technique); stage 7 in beyond/; the
 # layers' kernels in kernels/; the files a run reads and writes in io/; the run's machinery
 # (configs, communicator, launcher, ladder, timeline) in infra/.
-HEADERS   := llama.h infra/common.h infra/train.h kernels/attention_ptx.cuh kernels/attention_hopper_ptx.cuh \
-             io/json.h io/input_files.h
-LIB_OBJS  := build/llama.o build/fsdp.o build/ulysses.o build/checkpointing.o build/offload.o build/chunked.o \
-             build/untied.o build/beyond/savings.o build/beyond/selective.o \
-             build/kernels/kernels.o build/kernels/attention.o build/kernels/attention_hopper.o \
+HEADERS   := llama.h $(wildcard beyond/*.h kernels/*.h kernels/*.cuh io/*.h infra/*.h)
+LIB_OBJS  := build/llama.o build/fsdp.o build/ulysses.o build/offload.o build/chunked.o \
+             build/beyond/savings.o build/beyond/selective.o \
+             build/kernels/kernels.o build/kernels/gemm.o build/kernels/attention.o build/kernels/attention_hopper.o \
              build/io/files.o build/io/json.o build/io/input_files.o \
-             build/infra/comm.o build/infra/timeline.o
+             build/infra/memory.o build/infra/comm.o build/infra/timeline.o
 APP_OBJS  := build/infra/launch.o build/infra/ladder.o
-TEST_BINS := build/tests/test_reference build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
+TEST_BINS := build/tests/test_reference build/tests/test_source build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \
              build/tests/test_files build/tests/test_inputs build/tests/test_hf
 TEST_COMMON := build/tests/test_main.o build/tests/reference.o
@@ -69,7 +68,7 @@ build/tests/%.o: tests/%.cu $(HEADERS) $(TEST_HEADERS) build/flags
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-build/tests/test_reference: build/tests/test_reference.o $(TEST_COMMON)
+build/tests/test_reference build/tests/test_source: build/tests/%: build/tests/%.o $(TEST_COMMON)
 	$(CXX) $^ -o $@ $(LDLIBS) $(GTEST)
 
 build/tests/test_%: build/tests/test_%.o build/train_lib.o $(APP_OBJS) $(LIB_OBJS) $(TEST_COMMON)

@@ -1,5 +1,6 @@
-// chunked.cu - chunked sequence training (--chunked, ladder stage 5; the talk at 09:33): tiled
-// MLP, chunked element-wise work, and a fused chunked LM head + cross-entropy.
+// chunked.cu - chunked sequence training (--chunked, ladder stage 5; the talk at 09:33; ALST,
+// arXiv 2506.13996): tiled MLP, chunked element-wise work, and a fused chunked LM head +
+// cross-entropy.
 //
 // At millions of tokens per GPU the buffers that are as wide as the whole local sequence
 // dominate what is left after checkpointing: the MLP intermediates (T x 2F for gate|up, T x F
@@ -40,21 +41,7 @@
 // (4096 tokens for a 128K vocabulary). Neither needs to divide T.
 //
 // The plain model already walks its tokens this way, in one chunk of all T tokens; --chunked
-// only makes the chunks smaller. The loops are the two functions at the end of this file; where
-// they run, and where else --chunked changes the step:
-//   chunked_plan                  chunk rows C and loss rows C_loss; the norms' and the MLP's
-//                                 buffers become one chunk, recomputed per chunk
-//   for_each_token_chunk          llama.cu: attention_block_forward (the norm, q|k|v and RoPE),
-//                                 block_output_forward (Wo, the MLP and the residuals), and in
-//                                 layer_backward the MLP's and the projection's backward;
-//                                 checkpointing.cu and selective.cu: q|k|v recomputed; untied.cu
-//                                 for_each_normalized_chunk: the normalized input of the projections
-//   for_each_loss_chunk           llama.cu lm_head_whole; savings.cu lm_head_in_pieces (both passes
-//                                 and the final norm's backward)
-//   checkpointing.cu              recompute_mlp_inputs and recompute_attention_norm rebuild the
-//                                 chunk's xn2, h13, act and xn1 in the backward
-//   llama.cu declare_*            the buffers sized by C and C_loss rows (norms, MLP, their
-//                                 gradients, logits); train.cpp: --chunk-tokens, --loss-chunk-tokens
+// only makes the chunks smaller. The loops are the two functions at the end of this file.
 #include <algorithm>
 
 #include "llama.h"

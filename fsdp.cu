@@ -1,13 +1,12 @@
 // fsdp.cu - parameters across GPUs: replicated (ladder stage 0) or fully sharded (--fsdp,
-// stage 1; the talk at 05:14).
+// ladder stage 1; the talk at 05:14; ZeRO stage 3, Rajbhandari et al., arXiv 1910.02054).
 //
 // Model states are 16 bytes per parameter wherever they live: the fp32 master weights, their
 // gradient and the two AdamW moments. The bf16 weights that the GEMMs read exist only for the
 // units in use: a unit's bf16 copy is made from the fp32 master just before the unit is used,
 // into one of two unit slots (the one in use and the next, prepared ahead on the communication
 // stream while compute runs). A unit is a layer, the final norm, the embedding or the untied LM
-// head (common.h param_layout; stage 7's --vocab-pieces cuts those two into pieces of vocabulary
-// rows, savings.cu, so that the slots hold a layer).
+// head (common.h param_layout).
 //
 // Replicated. Every GPU holds every parameter's model states. Each GPU trains on its own
 // sequences; once a unit's gradient is complete in the backward it is all-reduced (summed) on
@@ -26,8 +25,7 @@
 // plus communication buffers (category "comm"): the two unit slots in bf16 and two unit-sized
 // fp32 gradient buffers, used in turn (one accumulates while the other is reduce-scattered),
 //
-//     12 bytes x the largest unit          (8B: a 128K-vocabulary table, 5.9 GiB; in vocabulary
-//                                           pieces, a layer, 2.4 GiB)
+//     12 bytes x the largest unit          (8B: the 128K-vocabulary embedding, 5.9 GiB)
 //
 // To fill a slot, each GPU converts its fp32 shard to bf16 in its own place of the slot and the
 // slot is all-gathered in place; a slot is refilled only after the compute stream has released
@@ -39,32 +37,14 @@
 //
 // Cost: every step converts and gathers each unit in bf16 as often as the step uses it: the
 // layers twice (in the forward and in the backward), the embedding once (the lookup), the LM
-// head once (in pieces twice: the head's two passes, savings.cu lm_head_in_pieces), a tied
-// embedding once more per head pass. It reduce-scatters the gradients once in fp32. All of
-// it overlaps with compute except in the head, whose final norm holds one slot while the head's
-// unit (or its pieces) passes through the other. The conversion reads 4 and writes 2 bytes per
-// parameter of this GPU's share each time: about 6 x 2 x 8.0e9 / N bytes a step for 8B, milliseconds.
+// head once (a tied embedding once more). It reduce-scatters the gradients once in fp32. All
+// of it overlaps with compute except in the head, whose final norm holds one slot while the
+// head's unit passes through the other. The conversion reads 4 and writes 2 bytes per parameter
+// of this GPU's share each time: about 6 x 2 x 8.0e9 / N bytes a step for 8B, milliseconds.
 //
-// Where --fsdp changes the step:
-//   llama.cu declare_model_states   model states hold this GPU's shards (fsdp_local_params)
-//   fsdp_declare_buffers            the unit slots are gathered (comm), two unit-gradient slots
-//   llama.cu forward_layers, backward_layers, embedding_lookup(_backward), head_forward_backward,
-//            lm_head_whole; savings.cu lm_head_in_pieces
-//                                   fsdp_grad_begin / fsdp_grad_end around each unit's
-//                                   backward (the reduce-scatter); fsdp_acquire / fsdp_release
-//                                   around each use of a unit's weights (both paths: the slots),
-//                                   in the order fsdp_unit_order lists, which fsdp_step_end checks
-//   selective.cu selective_before_layer_backward
-//                                   fsdp_wait_gathered: a rebuilt input reads layer l-1's
-//                                   weights, gathered ahead, during layer l's turn
-//   llama.cu model_init_weights, model_optimizer_step
-//                                   each GPU initializes and updates its own shard
-//                                   (fsdp_segments); the gradient norm sums over the shards
-//   llama.cu model_allocate, model_free   fsdp_create / fsdp_destroy (events, slots zeroed)
-//   fill_slot                       under --sim-world, the other ranks' shards of a gathered unit
-//                                   are drawn from the seed (comm.cu sim_world_draw_other_shards)
-//   files.cu                        each GPU reads and writes only its shards
-//   train.cpp dump_first_step       --dump gathers every gradient whole (fsdp_full_gradients)
+// The units come in the order model_unit_order lists (llama.cu), so the next one is gathered
+// while the current one computes; fsdp_step_end checks that the step kept to it.
+//
 // Without --fsdp the same calls run the replicated path: the slots are filled by conversion
 // alone, gradients are views into the full array, and fsdp_grad_end all-reduces a unit's
 // gradient when more than one GPU trains.
@@ -154,7 +134,7 @@ void fsdp_create(Model& m) {
         event(&f.ws[k].gathered), event(&f.ws[k].released);
         if (f.sharded) event(&f.gs[k].reduced);
         // Zero once: the gaps between tensors are never read, but no byte of a slot is left
-        // uninitialized (a gather under --sim-world writes only the tensors' elements).
+        // uninitialized, whichever elements a gather writes.
         CUDA_CHECK(cudaMemset(f.weight_slot[k], 0, f.max_padded * sizeof(bf16)));
     }
 }
@@ -176,25 +156,10 @@ static void comm_after_compute(Model& m, cudaStream_t s) {
     CUDA_CHECK(cudaStreamWaitEvent(m.comm_stream, m.fsdp->mark, 0));
 }
 
-// The order in which the step acquires the units (llama.cu: embedding_lookup, the layers,
-// head_forward_backward, or savings.cu lm_head_in_pieces, the layers again). fsdp_step_end checks it.
-std::vector<int> fsdp_unit_order(const Model& m) {
-    const ParamLayout& lay = m.layout;
-    const int L = m.cfg.n_layers, k = lay.vocab_pieces();
-    std::vector<int> order;
-    for (int p = 0; p < k; p++) order.push_back(lay.embed_unit(p));  // the lookup
-    for (int l = 0; l < L; l++) order.push_back(lay.layer_unit(l));
-    order.push_back(lay.final_norm_unit());                            // held through the head
-    for (int pass = 0; pass < (k > 1 ? 2 : 1); pass++)                // the head: loss, then backward
-        for (int p = 0; p < k; p++) order.push_back(lay.head_unit(p));
-    for (int l = L - 1; l >= 0; l--) order.push_back(lay.layer_unit(l));  // the backward's layers
-    return order;
-}
-
 void fsdp_step_begin(Model& m, cudaStream_t s) {
     Fsdp& f = *m.fsdp;
     CUDA_CHECK(cudaMemsetAsync(m.grad, 0, m.local_params * sizeof(float), s));
-    f.order = fsdp_unit_order(m);
+    f.order = model_unit_order(m);
     f.next_gather = 0;
     for (auto& w : f.ws) w.free = true, w.unit = -1;
     comm_after_compute(m, s);  // the optimizer has written the master weights about to be converted
@@ -209,8 +174,6 @@ static void fill_slot(Model& m, int k, int u) {
     if (!f.sharded) return;
     TimelineMark mark(m, m.comm_stream, "fsdp", "gather", u, f.shard[u] * (f.world - 1) * 2);
     m.comm_fsdp->all_gather(f.weight_slot[k], own, f.shard[u], DType::BF16, m.comm_stream);
-    if (m.comm_fsdp->simulated)  // comm.cu: what the other ranks' shards would bring, in the gather's place
-        sim_world_draw_other_shards(m, f.weight_slot[k], u, f.shard[u], f.rank, m.comm_stream);
 }
 
 // Start filling the next units of the order into free slots.
@@ -221,9 +184,9 @@ static void gather_ahead(Model& m) {
         if (!w.free) continue;
         int u = f.order[f.next_gather++];
         if (w.used) CUDA_CHECK(cudaStreamWaitEvent(m.comm_stream, w.released, 0));
+        w.unit = u, w.free = false, w.used = true;
         fill_slot(m, k, u);
         CUDA_CHECK(cudaEventRecord(w.gathered, m.comm_stream));
-        w.unit = u, w.free = false, w.used = true;
     }
 }
 
@@ -250,11 +213,11 @@ void fsdp_release(Model& m, int u, cudaStream_t s) {
     gather_ahead(m);
 }
 
-void fsdp_wait_gathered(Model& m, int u, cudaStream_t s) {
-    Fsdp& f = *m.fsdp;
-    int k = slot_of(f, u);  // gathered ahead, or out of the planned order
-    CUDA_CHECK(cudaStreamWaitEvent(s, f.ws[k].gathered, 0));
-    m.unit_w[u] = f.weight_slot[k];
+int fsdp_unit_in_slot(const Model& m, const void* slot) {
+    const Fsdp& f = *m.fsdp;
+    for (int k = 0; k < 2; k++)
+        if (f.weight_slot[k] == slot && !f.ws[k].free) return f.ws[k].unit;
+    return -1;
 }
 
 void fsdp_grad_begin(Model& m, int u, cudaStream_t s) {
@@ -279,6 +242,16 @@ __global__ void add_kernel(float* dst, const float* src, int64_t n) {
         dst[i] += src[i];
 }
 
+// Gradient slot k's unit u summed over the GPUs, in place: this GPU's shard of the sum lands in
+// its own place of the slot (returned).
+static float* reduce_scatter_slot(Model& m, int k, int u) {
+    Fsdp& f = *m.fsdp;
+    float* own = f.grad_slot[k] + (int64_t)f.rank * f.shard[u];
+    TimelineMark mark(m, m.comm_stream, "fsdp", "reduce-scatter", u, f.shard[u] * (f.world - 1) * 4);
+    m.comm_fsdp->reduce_scatter(own, f.grad_slot[k], f.shard[u], DType::F32, m.comm_stream);
+    return own;
+}
+
 void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s) {
     Fsdp& f = *m.fsdp;
     if (!f.sharded) {  // replicated: sum the unit's gradient over the GPUs, once it is final
@@ -297,13 +270,9 @@ void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s) {
         if (!f.gs[j].free && f.gs[j].unit == u) k = j;
     if (k < 0) throw std::logic_error("FSDP: grad_end without grad_begin");
     comm_after_compute(m, s);
-    float* own = f.grad_slot[k] + (int64_t)f.rank * f.shard[u];  // in place: the sum of this GPU's shard lands here
-    {
-        TimelineMark mark(m, m.comm_stream, "fsdp", "reduce-scatter", u, f.shard[u] * (f.world - 1) * 4);
-        m.comm_fsdp->reduce_scatter(own, f.grad_slot[k], f.shard[u], DType::F32, m.comm_stream);
-    }
+    const float* own = reduce_scatter_slot(m, k, u);
     add_kernel<<<(unsigned)std::min<int64_t>((f.shard[u] + 255) / 256, 1 << 16), 256, 0, m.comm_stream>>>(
-        m.grad + f.shard_offset[u], own, f.shard[u]);
+        m.grad + f.shard_offset[u], own, f.shard[u]);  // this GPU's gradient shard += its sum
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaEventRecord(f.gs[k].reduced, m.comm_stream));
     f.gs[k].free = true;

@@ -1,7 +1,6 @@
-// llama.cu - Llama 3 on one GPU: the tracked allocator, cuBLASLt matrix products, the model's
-// buffers, and one training step's forward and backward. The layers' kernels live in kernels.cu,
-// attention's in attention_hopper.cu (the fast ones, and attention_forward/_backward, which pick
-// the kernels) and attention.cu (the reference).
+// llama.cu - Llama 3 on one GPU (ladder stage 0) and the training step that every technique of the
+// talk plugs into. The kernels it calls are kernels/ (kernels.h, attention.h); the techniques are
+// one file each, fsdp.cu to chunked.cu, and stage 7 beyond/.
 //
 // The step, for T = batch * seq tokens (shapes row-major, bf16 unless noted):
 //
@@ -22,233 +21,377 @@
 // gradient buffer zeroed at the start of the step; every reduction is deterministic (fixed
 // order, no atomics), so the same seed gives the same losses.
 //
-// Every per-token piece of a layer is written over a token range [t0, t1), and the layers walk
-// their tokens in chunks: one chunk of all T tokens in the plain step, chunks of C tokens under
-// --chunked (chunked.cu). The plain step keeps every activation for the backward. The memory
-// techniques are called through named hooks, each a no-op or the plain path when its flag is
-// off; where they enter:
-//
-//   model_declare_buffers   each technique's *_plan (what is kept, and where), then its own
-//                           buffers (fsdp_, selective_, untied_, ulysses_declare_buffers);
-//                           declare_activations sizes qkv and lse for this GPU's heads (Ulysses)
-//                           and the chunk rows; attention_call_shape: one call's heads (Ulysses,
-//                           Untied); the layout's vocabulary pieces (savings.cu)
-//   model_allocate, model_free   offload_ and selective_create / _destroy, fsdp_create / _destroy
-//   model_init_weights, model_optimizer_step   this GPU's shards (fsdp_segments, --fsdp)
-//   forward_layers, backward_layers   fsdp_* around each unit (fsdp.cu), offload_* around each
-//                           layer (offload.cu), selective_before_layer_backward (selective.cu)
-//   layer_forward           attention_block_forward: untied_attention_forward (untied.cu) in
-//                           place of the attention sub-block; selective_* around it;
-//                           offload_before_layer_output before the MLP writes the output
-//   layer_backward          recompute_attention (checkpointing.cu) or, selective,
-//                           selective_recompute_attention; untied_attention_backward
-//   qkv_of_tokens, dqkv_of_tokens, self_attention_*   Ulysses's staging and all-to-alls (ulysses.cu)
-//   qkv_backward, mlp_backward   recompute_attention_norm, recompute_mlp_inputs (checkpointing.cu)
-//   x_mid_rows              x_mid is the layer's own rows, or a recomputed chunk (checkpointing.cu)
-//   head_forward_backward   lm_head_in_pieces (savings.cu) when the head comes in vocabulary pieces
-//   model_host_bytes, model_memory_trace   the host bytes of --offload and --ckpt=selective
-// Each technique file's header lists the same places from its side.
-#include <cublasLt.h>
-
+// Every per-token piece of a layer works on a token range [t0, t1): a layer walks its tokens in
+// chunks, one chunk of all T tokens in the plain step, chunks of C tokens under --chunked. The
+// plain step keeps every activation for the backward. Each technique enters through a named
+// hook, a no-op or the plain path when its flag is off; docs/design.md lists where each flag
+// changes the step, and a test keeps that list true.
 #include <algorithm>
-#include <cstring>
-#include <map>
-#include <tuple>
 
 #include "llama.h"
 
+// Rows from token t0 on of a full-length [T, width] buffer.
+template <class P>
+static P at(P base, int64_t t0, int64_t width) {
+    return base + t0 * width;
+}
+
+// Where layer l's projection writes q|k|v of this GPU's tokens: the layer's qkv, or under Ulysses
+// its staging, from where the all-to-all sends it (ulysses.cu).
+static bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? ulysses_qkv_of_tokens(m) : m.layers[l].qkv; }
+// Where the backward finds d q|k|v of this GPU's tokens: the step's dqkv, or Ulysses's staging.
+static bf16* dqkv_of_tokens(Model& m) { return m.ulysses ? ulysses_dqkv_of_tokens(m) : m.dqkv; }
+// x_mid: the layer's own rows of it, or one chunk's buffer when checkpointing recomputes it.
+static bf16* x_mid_rows(Model& m, int l, int64_t t0) {
+    LayerActivations& a = m.layers[l];
+    return m.plan.x_mid == Hold::PER_LAYER ? at(a.x_mid, t0, m.cfg.dim) : a.x_mid;
+}
+
+// The shape of one attention call: every head of each sequence, or this GPU's share of the
+// heads over the whole sequence (Ulysses), or one head chunk (Untied Ulysses).
+static AttentionShape attention_call_shape(const Model& m) {
+    if (m.untied) return untied_attention_shape(m);
+    if (m.ulysses) return ulysses_attention_shape(m);
+    return {m.shape.batch, m.shape.seq, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim};
+}
+
 // =============================================================================================
-// Errors
-void cuda_check(cudaError_t err, const char* what, const char* file, int line) {
-    if (err == cudaSuccess) return;
-    std::string msg = std::string(what) + " failed at " + file + ":" + std::to_string(line) +
-                      ": " + cudaGetErrorString(err);
-    if (err == cudaErrorMemoryAllocation) throw Fatal(EXIT_OOM, "out of memory: " + msg);
-    throw Fatal(EXIT_RUNTIME, msg);
+// One layer's forward: x_in -> x_out, keeping what the backward reads. The attention sub-block
+// is a function of its own: checkpointing reruns it, Untied Ulysses does it head chunk by head
+// chunk. The MLP half walks the token chunks.
+static void layer_forward(Model& m, int l, cudaStream_t s) {
+    selective_before_attention(m, l, s);   // beyond/selective.cu: the attention output's staging slot is free
+    attention_block_forward(m, l, s);      // att, lse = attention(rope(norm(x_in) Wqkv^T))
+    selective_after_attention(m, l, s);    // beyond/selective.cu: att, lse to the host
+    offload_before_layer_output(m, l, s);  // offload.cu: the output's slot holds no input still on its way out
+    TimelineMark mark(m, s, "compute", "mlp forward", l);
+    block_output_forward(m, l, s);         // x_out = x_mid + W2 silu(W1 xn2) * (W3 xn2), x_mid = x_in + att Wo^T
 }
 
-static void cublas_check(cublasStatus_t st, const char* what, const char* file, int line) {
-    if (st == CUBLAS_STATUS_SUCCESS) return;
-    throw Fatal(EXIT_RUNTIME, std::string(what) + " failed at " + file + ":" +
-                                  std::to_string(line) + ": cuBLAS status " + std::to_string(st));
+void attention_block_forward(Model& m, int l, cudaStream_t s) {
+    if (m.untied) return untied_attention_forward(m, l, s);  // ulysses.cu: head chunk by head chunk
+    qkv_forward(m, l, s);
+    if (m.ulysses) return ulysses_attention_forward(m, l, s);  // ulysses.cu: all-to-alls around it
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t QKV = c.qkv_dim();
+    const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + c.q_dim(), .v = a.qkv + c.q_dim() + c.kv_dim(),
+                                  .ldq = QKV, .ldk = QKV, .ldv = QKV, .out = a.att, .ldo = c.q_dim(), .lse = a.lse};
+    layer_attention_forward(m, l, fa, attention_call_shape(m), s);
 }
-#define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+// xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; RoPE on q and k (positions of this GPU's tokens).
+void qkv_forward(Model& m, int l, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t QKV = c.qkv_dim();
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
+        bf16* qkv = at(qkv_of_tokens(m, l), t0, QKV);
+        attention_norm_forward(m, l, t0, t1, s);
+        linear_forward(qkv, m.layers[l].xn1, m.w(P_WQKV, l), nullptr, t1 - t0, c.dim, QKV, s);
+        rope_apply(qkv, t1 - t0, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim,
+                   QKV, m.inv_freq, false, s);
+    });
+}
+
+void attention_norm_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    rmsnorm_forward(a.xn1, a.rstd1, at(a.x_in, t0, c.dim), m.w(P_ATTN_NORM, l), t1 - t0, c.dim, c.norm_eps, s);
+}
+
+// The rest of the block after attention, chunk by chunk: x_out from x_in and att.
+void block_output_forward(Model& m, int l, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
+        attention_output_forward(m, l, t0, t1, s);
+        mlp_input_forward(m, l, t0, t1, s);
+        linear_forward(at(a.x_out, t0, c.dim), a.act, m.w(P_W2, l), x_mid_rows(m, l, t0), t1 - t0, c.ffn_dim, c.dim,
+                       s);  // x_out = x_mid + act W2^T
+    });
+}
+
+// x_mid = x_in + att Wo^T (one GEMM with the residual as C).
+void attention_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    linear_forward(x_mid_rows(m, l, t0), at(a.att, t0, c.q_dim()), m.w(P_WO, l), at(a.x_in, t0, c.dim), t1 - t0,
+                   c.q_dim(), c.dim, s);
+}
+
+// xn2 = rmsnorm(x_mid); h13 = xn2 W13^T; act = silu(gate) * up.
+void mlp_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t n = t1 - t0;
+    rmsnorm_forward(a.xn2, a.rstd2, x_mid_rows(m, l, t0), m.w(P_MLP_NORM, l), n, c.dim, c.norm_eps, s);
+    linear_forward(a.h13, a.xn2, m.w(P_W13, l), nullptr, n, c.dim, 2 * c.ffn_dim, s);
+    swiglu_forward(a.act, a.h13, n, c.ffn_dim, s);
+}
+
+void layer_attention_forward(Model& m, int l, const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "attention forward", l);
+    attention_forward(a, sh, s);
+}
+
+void layer_attention_backward(Model& m, int l, const AttentionBackwardArgs& a, const AttentionShape& sh,
+                              cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "attention backward", l);
+    attention_backward(a, sh, s);
+}
 
 // =============================================================================================
-// Arena: the static memory plan (see llama.h).
-static constexpr int64_t ARENA_ALIGN = 256;
+// One layer's backward. On entry m.dres holds d loss / d x_out of layer l; on exit d loss / d x_in.
+static void attention_rerun(Model& m, int l, cudaStream_t s);
+static void block_output_backward(Model& m, int l, cudaStream_t s);
+static void attention_block_backward(Model& m, int l, cudaStream_t s);
 
-void Arena::begin_real(char* base, int64_t capacity) {
-    rewind();
-    base_ = base;
-    capacity_ = capacity;
+static void layer_backward(Model& m, int l, cudaStream_t s) {
+    attention_rerun(m, l, s);           // what the plan did not keep of the attention sub-block
+    block_output_backward(m, l, s);     // dres: d loss / d x_out -> d loss / d x_mid; d att
+    attention_block_backward(m, l, s);  // dres += d loss / d x_in through attention
 }
 
-void Arena::rewind() {
-    offset_ = 0;
-    for (auto& b : by_category_) b = 0;
-    entries_.clear();
+static void attention_rerun(Model& m, int l, cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "attention rerun", l);
+    if (m.opt.selective) selective_recompute_attention(m, l, s);  // beyond/selective.cu: q|k|v, attention where not kept
+    else recompute_attention(m, l, s);                           // offload.cu: the sub-block's forward
 }
 
-void* Arena::take_bytes(const std::string& name, MemCategory cat, int64_t bytes) {
-    int64_t size = align_up(std::max<int64_t>(bytes, 1), ARENA_ALIGN);
-    int64_t off = offset_;
-    offset_ += size;
-    by_category_[cat] += size;
-    entries_.push_back({name, cat, off, size});
-    if (!base_) return nullptr;  // dry run: only the plan
-    if (offset_ > capacity_)
-        throw std::logic_error("arena: real pass asked for more than the dry run planned");
-    return base_ + off;
+// The MLP half, chunk by chunk. On entry dres[t0:t1] is d loss / d x_out; on exit d loss / d x_mid,
+// and datt[t0:t1] is filled.
+static void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t n = t1 - t0, D = c.dim, F = c.ffn_dim, QD = c.q_dim();
+    recompute_mlp_inputs(m, l, t0, t1, s);  // offload.cu (checkpointing): x_mid, xn2, h13, act, if not kept
+    bf16* x_mid = x_mid_rows(m, l, t0);
+    bf16* dres = at(m.dres, t0, D);
+    // x_out = x_mid + act W2^T
+    linear_backward_input(m.dact, dres, m.w(P_W2, l), n, F, D, s);
+    linear_backward_weight(m.g(P_W2, l), dres, a.act, n, F, D, s);
+    swiglu_backward(m.dh13, m.dact, a.h13, n, F, s);
+    linear_backward_input(m.dxn, m.dh13, m.w(P_W13, l), n, D, 2 * F, s);
+    linear_backward_weight(m.g(P_W13, l), m.dh13, a.xn2, n, D, 2 * F, s);
+    rmsnorm_backward(dres, m.g(P_MLP_NORM, l), m.dxn, x_mid, m.w(P_MLP_NORM, l), a.rstd2, n, D, true,
+                     m.norm_partial, s);
+    // x_mid = x_in + att Wo^T (Untied Ulysses takes d att a head chunk at a time instead)
+    if (m.plan.datt_buffer) linear_backward_input(at(m.datt, t0, QD), dres, m.w(P_WO, l), n, QD, D, s);
+    linear_backward_weight(m.g(P_WO, l), dres, at(a.att, t0, QD), n, QD, D, s);
 }
 
-int64_t DeviceMemory::driver_used_bytes() const {
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return -1;
-    return (int64_t)(total_b - free_b);
+static void block_output_backward(Model& m, int l, cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "mlp backward", l);
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { mlp_backward(m, l, t0, t1, s); });
 }
 
-void report_oom(const Arena& plan, int64_t runtime_bytes, int64_t cap_bytes,
-                const std::string& what, const std::string& hint) {
-    char buf[256];
-    std::string msg = "out of memory: " + what + "\n";
-    int largest = 0;
-    for (int c = 0; c < MEM_NUM_CATEGORIES; c++) {
-        if (plan.category_bytes(c) > plan.category_bytes(largest)) largest = c;
-        snprintf(buf, sizeof buf, "    %-10s %9.2f GiB\n", mem_category_name(c),
-                 plan.category_bytes(c) / GiB);
-        msg += buf;
+// Backward of qkv_forward for tokens [t0, t1): d qkv (RoPE undone) -> dWqkv, and d x_in added to dres.
+static void qkv_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t n = t1 - t0, QKV = c.qkv_dim();
+    bf16* dqkv = at(dqkv_of_tokens(m), t0, QKV);
+    rope_apply(dqkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
+               m.inv_freq, true, s);
+    recompute_attention_norm(m, l, t0, t1, s);  // offload.cu (checkpointing): xn1, if it was not kept
+    linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), n, c.dim, QKV, s);
+    linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, n, c.dim, QKV, s);
+    rmsnorm_backward(at(m.dres, t0, c.dim), m.g(P_ATTN_NORM, l), m.dxn, at(a.x_in, t0, c.dim),
+                     m.w(P_ATTN_NORM, l), a.rstd1, n, c.dim, true, m.norm_partial, s);
+}
+
+// Attention's backward over the whole sequence (d q|k|v from d att), then the projection's.
+static void attention_block_backward(Model& m, int l, cudaStream_t s) {
+    if (m.untied) return untied_attention_backward(m, l, s);  // ulysses.cu: head chunk by head chunk
+    if (m.ulysses) ulysses_attention_backward(m, l, s);       // ulysses.cu: all-to-alls around it
+    else {
+        const LlamaConfig& c = m.cfg;
+        LayerActivations& a = m.layers[l];
+        const int64_t QKV = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
+        const AttentionBackwardArgs ba{.q = a.qkv, .k = a.qkv + Q, .v = a.qkv + Q + K, .out = a.att, .dout = m.datt,
+                                       .ldq = QKV, .ldk = QKV, .ldv = QKV, .ldo = Q, .lddo = Q, .lse = a.lse,
+                                       .dq = m.dqkv, .dk = m.dqkv + Q, .dv = m.dqkv + Q + K, .lddq = QKV,
+                                       .lddk = QKV, .lddv = QKV, .delta = m.delta, .dq_accum = m.dq_accum};
+        layer_attention_backward(m, l, ba, attention_call_shape(m), s);
     }
-    snprintf(buf, sizeof buf, "    %-10s %9.2f GiB (CUDA context, cuBLAS)\n", "runtime",
-             runtime_bytes / GiB);
-    msg += buf;
-    snprintf(buf, sizeof buf,
-             "  the step needs %.2f GiB per GPU; the card (cap) holds %.2f GiB. Largest "
-             "category: %s.\n",
-             (plan.total() + runtime_bytes) / GiB, cap_bytes / GiB, mem_category_name(largest));
-    msg += buf;
-    if (!hint.empty()) msg += "  next: " + hint;
-    throw Fatal(EXIT_OOM, msg);
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { qkv_backward(m, l, t0, t1, s); });
 }
 
 // =============================================================================================
-// cuBLASLt matrix products.
-//
-// Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T, and a row-major
-// matrix with leading dimension ld is the column-major transpose with the same ld. So we ask
-// cuBLASLt for m = N, n = M, with its "A" our B and its "B" our A, transpose flags kept.
-static cublasLtHandle_t g_lt = nullptr;
-static void* g_workspace = nullptr;
-static size_t g_workspace_bytes = 0;
+// The head: final norm, LM head, cross-entropy, forward and backward together.
+void final_norm_forward(Model& m, int64_t t0, int64_t n, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    rmsnorm_forward(m.xnf, m.rstdf, at(m.x_final, t0, c.dim), m.w(P_FINAL_NORM), n, c.dim, c.norm_eps, s);
+}
 
-struct GemmKey {
-    bool ta, tb, c32, beta;
-    int64_t M, N, K, lda, ldb, ldc;
-    bool operator<(const GemmKey& o) const {
-        return std::tie(ta, tb, c32, beta, M, N, K, lda, ldb, ldc) <
-               std::tie(o.ta, o.tb, o.c32, o.beta, o.M, o.N, o.K, o.lda, o.ldb, o.ldc);
+void final_norm_backward(Model& m, int64_t t0, int64_t n, const bf16* dxnf, cudaStream_t s) {
+    const int D = m.cfg.dim;
+    rmsnorm_backward(at(m.dres, t0, D), m.g(P_FINAL_NORM), dxnf, at(m.x_final, t0, D), m.w(P_FINAL_NORM), m.rstdf,
+                     n, D, false, m.norm_partial, s);
+}
+
+float loss_grad_scale(const Model& m) { return m.n_valid_targets > 0 ? 1.0f / (float)m.n_valid_targets : 0.0f; }
+ParamKind lm_head_kind(const Model& m) { return m.cfg.tied_embeddings ? P_EMBED : P_LM_HEAD; }
+
+// The LM head in one unit, one pass per loss chunk (chunked.cu): the logits of a chunk are
+// computed, turned into their gradient in place by the loss kernel, and used at once, so [T, V]
+// logits never exist beyond one chunk. Leaves d loss / d x_final in m.dres.
+static void lm_head_whole(Model& m, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t D = c.dim, V = c.vocab;
+    const bf16* W = m.w_piece(lm_head_kind(m), 0);
+    float* dW = m.g_piece(lm_head_kind(m), 0);
+    for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
+        final_norm_forward(m, t0, n, s);
+        linear_forward(m.logits, m.xnf, W, nullptr, n, D, V, s);
+        cross_entropy_forward_backward(m.logits, m.losses + t0, m.targets + t0, n, (int)V, loss_grad_scale(m), s);
+        linear_backward_input(m.dxn, m.logits, W, n, D, V, s);  // logits now hold dlogits
+        linear_backward_weight(dW, m.logits, m.xnf, n, D, V, s);
+        final_norm_backward(m, t0, n, m.dxn, s);
+    });
+}
+
+// Final RMSNorm, LM head, cross-entropy and their backward: dres = d loss / d x_final; the loss
+// sum of this GPU's tokens in scalars[0].
+static void head_forward_backward(Model& m, cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "head", -1);
+    const ParamLayout& lay = m.layout;
+    fsdp_acquire(m, lay.final_norm_unit(), s);  // held through the head
+    fsdp_grad_begin(m, lay.final_norm_unit(), s);
+    if (lay.vocab_pieces() > 1) {
+        lm_head_in_pieces(m, s);  // beyond/savings.cu (--vocab-pieces): one piece of the vocabulary at a time
+    } else {
+        const int u = lay.head_unit(0);
+        fsdp_acquire(m, u, s);
+        fsdp_grad_begin(m, u, s);
+        lm_head_whole(m, s);
+        fsdp_grad_end(m, u, !m.cfg.tied_embeddings, s);  // tied: the lookup adds the rest at the end
+        fsdp_release(m, u, s);
     }
-};
-struct GemmPlan {
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t a, b, c;
-    cublasLtMatmulAlgo_t algo;
-};
-static std::map<GemmKey, GemmPlan> g_gemm_plans;
-
-void gemm_init(size_t workspace_bytes, void* workspace) {
-    if (!g_lt) CUBLAS_CHECK(cublasLtCreate(&g_lt));
-    g_workspace = workspace;
-    g_workspace_bytes = workspace_bytes;
-    g_gemm_plans.clear();  // plans were chosen for the old workspace size
+    fsdp_grad_end(m, lay.final_norm_unit(), true, s);
+    fsdp_release(m, lay.final_norm_unit(), s);
+    sum_floats(m.scalars + 0, m.losses, m.shape.tokens(), m.reduce_scratch, s);
 }
 
-void gemm_destroy() {
-    for (auto& kv : g_gemm_plans) {
-        cublasLtMatmulDescDestroy(kv.second.op);
-        cublasLtMatrixLayoutDestroy(kv.second.a);
-        cublasLtMatrixLayoutDestroy(kv.second.b);
-        cublasLtMatrixLayoutDestroy(kv.second.c);
+// The token embedding, forward and backward, one unit of vocabulary rows at a time: one, the
+// whole table, unless --vocab-pieces cuts it.
+static void embedding_lookup(Model& m, cudaStream_t s) {
+    const ParamLayout& lay = m.layout;
+    for (int p = 0; p < lay.vocab_pieces(); p++) {
+        fsdp_acquire(m, lay.embed_unit(p), s);
+        embedding_forward(m.layers[0].x_in, m.tokens, m.w_piece(P_EMBED, p), lay.piece_row[p],
+                          lay.piece_rows(p), m.shape.tokens(), m.cfg.dim, s);
+        fsdp_release(m, lay.embed_unit(p), s);
     }
-    g_gemm_plans.clear();
-    if (g_lt) cublasLtDestroy(g_lt);
-    g_lt = nullptr;
 }
 
-static const GemmPlan& gemm_plan(const GemmKey& k) {
-    auto it = g_gemm_plans.find(k);
-    if (it != g_gemm_plans.end()) return it->second;
-    GemmPlan p;
-    cublasOperation_t op_first = k.tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS "A" = our B
-    cublasOperation_t op_second = k.ta ? CUBLAS_OP_T : CUBLAS_OP_N; // cuBLAS "B" = our A
-    int64_t m = k.N, n = k.M, kk = k.K;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
-                                                sizeof op_first));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
-                                                sizeof op_second));
-    // Stored shapes (column-major, before the op).
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k.tb ? kk : m, k.tb ? m : kk, k.ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k.ta ? n : kk, k.ta ? kk : n, k.lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, k.c32 ? CUDA_R_32F : CUDA_R_16BF, m, n, k.ldc));
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g_workspace_bytes, sizeof(size_t)));
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g_lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &res,
-                                                &found));
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (found == 0)
-        runtime_error("cuBLASLt has no algorithm for a " + std::to_string(k.M) + "x" +
-                      std::to_string(k.N) + "x" + std::to_string(k.K) + " product");
-    p.algo = res.algo;
-    return g_gemm_plans.emplace(k, p).first->second;
-}
-
-void gemm_rm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const bf16* A,
-             int64_t lda, const bf16* B, int64_t ldb, void* C, int64_t ldc, bool c_fp32,
-             float alpha, float beta, const void* Cin, cudaStream_t stream) {
-    if (M == 0 || N == 0) return;
-    const GemmKey key{.ta = transA, .tb = transB, .c32 = c_fp32, .beta = beta != 0.0f, .M = M, .N = N, .K = K,
-                      .lda = lda, .ldb = ldb, .ldc = ldc};
-    const GemmPlan& p = gemm_plan(key);
-    const void* cin = Cin ? Cin : C;
-    CUBLAS_CHECK(cublasLtMatmul(g_lt, p.op, &alpha, B, p.a, A, p.b, &beta, cin, p.c, C, p.c,
-                                &p.algo, g_workspace, g_workspace_bytes, stream));
-}
-
-void linear_forward(bf16* y, const bf16* x, const bf16* W, const bf16* residual, int64_t T,
-                    int64_t in, int64_t out, cudaStream_t s) {
-    gemm_rm(false, true, T, out, in, x, in, W, in, y, out, false, 1.0f, residual ? 1.0f : 0.0f,
-            residual, s);
-}
-
-void linear_backward_input(bf16* dx, const bf16* dy, const bf16* W, int64_t T, int64_t in,
-                           int64_t out, cudaStream_t s) {
-    gemm_rm(false, false, T, in, out, dy, out, W, in, dx, in, false, 1.0f, 0.0f, nullptr, s);
-}
-
-void linear_backward_weight(float* dW, const bf16* dy, const bf16* x, int64_t T, int64_t in,
-                            int64_t out, cudaStream_t s) {
-    gemm_rm(true, false, out, in, T, dy, out, x, in, dW, in, true, 1.0f, 1.0f, nullptr, s);
-}
-
-// HF LlamaForCausalLM init: every linear and the embedding N(0, 0.02); RMSNorm gains 1. Values
-// [offset, offset + count) of tensor t, into f32 or (the other one null) bf16; each depends only
-// on (seed, tensor, index), so any part of the model can be drawn on its own.
-void init_param_values(const Model& m, const ParamTensor& t, int64_t offset, int64_t count, uint64_t seed,
-                       float* f32, bf16* b16, cudaStream_t s) {
-    const uint64_t tensor_seed = seed * 1000003ull + (uint64_t)(&t - m.layout.tensors.data());
-    if (f32 && t.rows == 1) init_constant(f32, count, 1.0f, s);
-    else if (f32) init_normal(f32, count, 0.02f, tensor_seed, s, offset);
-    else if (t.rows == 1) fill_bf16(b16, count, 1.0f, s);
-    else init_normal_bf16(b16, count, 0.02f, tensor_seed, s, offset);
+static void embedding_lookup_backward(Model& m, cudaStream_t s) {  // d loss / d x_in of layer 0 in m.dres
+    const ParamLayout& lay = m.layout;
+    const std::vector<int32_t>& group_token = m.emb_groups.token;  // ascending: a piece's groups are a range
+    for (int p = 0; p < lay.vocab_pieces(); p++) {
+        const int64_t g0 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p]) - group_token.begin();
+        const int64_t g1 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p + 1]) - group_token.begin();
+        fsdp_grad_begin(m, lay.embed_unit(p), s);
+        embedding_backward(m.g_piece(P_EMBED, p), lay.piece_row[p], m.dres, m.emb_group_token + g0,
+                           m.emb_group_begin + g0, m.emb_positions, g1 - g0, m.cfg.dim, s);
+        fsdp_grad_end(m, lay.embed_unit(p), true, s);
+    }
 }
 
 // =============================================================================================
-// The model: buffers, initialization, one step.
+// One step: the forward through every layer, the head, the backward, each technique's hooks
+// around each layer. An event after each layer and the head: the watchdog of model_sync and the
+// times of --mem-trace; and the caller's progress line.
+static void progressed(Model& m, cudaStream_t s, ProgressFn progress, void* ctx, const char* phase, int l) {
+    if (m.progress_recorded < (int)m.progress.size()) CUDA_CHECK(cudaEventRecord(m.progress[m.progress_recorded++], s));
+    if (progress && phase) progress(ctx, phase, l);
+}
+
+// Layer l's turn in the forward: its weights (FSDP), the layer, its output to the host (offload).
+static void forward_turn(Model& m, int l, cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "forward", l);
+    fsdp_acquire(m, m.layout.layer_unit(l), s);
+    layer_forward(m, l, s);
+    fsdp_release(m, m.layout.layer_unit(l), s);
+    offload_after_layer_forward(m, l, s);  // offload.cu: x_out is layer l+1's input, to the host
+}
+
+// Layer l's turn in the backward: its weights and gradient slot (FSDP), its input back (offload).
+static void backward_turn(Model& m, int l, cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "backward", l);
+    const int u = m.layout.layer_unit(l);
+    fsdp_acquire(m, u, s);
+    fsdp_grad_begin(m, u, s);
+    selective_before_layer_backward(m, l, s);  // beyond/selective.cu: att, lse back; a rebuilt input
+    offload_before_layer_backward(m, l, s);    // offload.cu: the block input back in its slot
+    layer_backward(m, l, s);
+    fsdp_grad_end(m, u, true, s);
+    fsdp_release(m, u, s);
+}
+
+void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void* ctx) {
+    timeline_step_begin(m, s);  // --timeline: the marks are times from here
+    fsdp_step_begin(m, s);      // zeroes the gradients
+    offload_step_begin(m, s);
+    m.progress_recorded = 0;
+    progressed(m, s, progress, ctx, nullptr, -1);  // the step's start
+    embedding_lookup(m, s);
+    offload_save_block_input(m, 0, s);  // offload.cu: to the host as soon as it is complete
+    for (int l = 0; l < m.cfg.n_layers; l++) {
+        forward_turn(m, l, s);
+        progressed(m, s, progress, ctx, "fwd", l);
+    }
+    head_forward_backward(m, s);  // dres = d loss / d x_final
+    progressed(m, s, progress, ctx, nullptr, -1);
+    for (int l = m.cfg.n_layers - 1; l >= 0; l--) {
+        backward_turn(m, l, s);
+        progressed(m, s, progress, ctx, "bwd", l);
+    }
+    embedding_lookup_backward(m, s);  // the lookup needs no weights
+    fsdp_step_end(m, s);
+    timeline_step_end(m);
+    // scalars[0] holds this GPU's sum of raw per-token losses (only their gradient was scaled by
+    // 1 / the step's count of valid targets). Summed over the GPUs it is the step's total loss,
+    // which the caller divides by that count.
+    if (m.world > 1) m.comm->all_reduce(m.scalars + 0, 1, DType::F32, s);
+}
+
+// The units in the order the step acquires them (FSDP gathers each ahead of its turn).
+std::vector<int> model_unit_order(const Model& m) {
+    const ParamLayout& lay = m.layout;
+    const int L = m.cfg.n_layers;
+    std::vector<int> order;
+    for (int p = 0; p < lay.vocab_pieces(); p++) order.push_back(lay.embed_unit(p));  // the lookup
+    for (int l = 0; l < L; l++) order.push_back(lay.layer_unit(l));
+    order.push_back(lay.final_norm_unit());  // held through the head
+    if (lay.vocab_pieces() > 1) lm_head_pieces_order(m, order);  // beyond/savings.cu: two passes over the pieces
+    else order.push_back(lay.head_unit(0));
+    for (int l = L - 1; l >= 0; l--) order.push_back(lay.layer_unit(l));  // the backward's layers
+    return order;
+}
+
+void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s) {
+    // Global gradient norm: each GPU's sum of squares; summed over the shards under --fsdp
+    // (replicated gradients are already the same everywhere).
+    sum_squares(m.scalars + 1, m.grad, m.local_params, m.reduce_scratch, s);
+    if (m.opt.fsdp && m.world > 1) m.comm->all_reduce(m.scalars + 1, 1, DType::F32, s);
+    clip_scale(m.scalars + 2, m.scalars + 1, max_grad_norm, s);
+    for (const ParamSegment& seg : fsdp_segments(m))
+        adamw_update(m.master + seg.local, m.grad + seg.local, m.adam_m + seg.local,
+                     m.adam_v + seg.local, seg.count, opt, seg.tensor->decay, m.scalars + 2, s);
+}
+
+double model_step_flops(const LlamaConfig& c, const RunShape& shape) {  // per GPU
+    double matmul = 6.0 * (double)count_matmul_params(c) * (double)shape.tokens();
+    AttentionShape sh{shape.batch, shape.seq, c.n_heads / shape.sp, c.n_kv_heads, c.head_dim};
+    double attn = 3.5 * attention_forward_flops(sh) * c.n_layers;
+    return matmul + attn;
+}
+
+int64_t model_host_bytes(const Model& m) { return offload_host_bytes(m) + selective_host_bytes(m); }
+
+// =============================================================================================
+// The step's buffers.
 //
 // model_declare_buffers first decides how the step holds each activation (the ActivationPlan
 // of llama.h): the plain model keeps all of them, a slot per layer, and each memory technique
@@ -350,14 +493,6 @@ static void declare_activations(Model& m, Arena& A) {
     m.x_final = slot(x, p.x_in, L, T * D, p.x_slots);
 }
 
-// The shape of one attention call: every head of each sequence, or this GPU's share of the
-// heads over the whole sequence (ulysses.cu), or one head chunk (untied.cu).
-static AttentionShape attention_call_shape(const Model& m) {
-    if (m.untied) return untied_attention_shape(m);
-    if (m.ulysses) return ulysses_attention_shape(m);
-    return {m.shape.batch, m.shape.seq, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim};
-}
-
 static void declare_head_and_gradients(Model& m, Arena& A) {
     const LlamaConfig& c = m.cfg;
     const int64_t T = m.shape.tokens(), D = c.dim;
@@ -429,6 +564,7 @@ void model_declare_buffers(Model& m, Arena& A) {
     selective_declare_buffers(m, A);  // --ckpt=selective: the device's own slots for attention outputs
     declare_head_and_gradients(m, A);
     untied_declare_buffers(m, A);     // --untied: one head chunk's buffers
+    savings_declare_buffers(m, A);    // stage 7 (beyond/savings.cu): Untied's staging holds the fused dQ sums
     ulysses_declare_buffers(m, A);    // --ulysses: all-to-all staging and head-sharded buffers
     declare_chunk_work_and_inputs(m, A);
 }
@@ -509,373 +645,14 @@ void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cu
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-// ---------------------------------------------------------------------------------------------
-// One layer, in pieces. Each per-token piece works on tokens [t0, t1) of this GPU; a layer walks
-// its tokens in chunks (chunked.cu: one chunk of all T tokens unless --chunked). Full-length
-// buffers are indexed by token; the norms' and the MLP's work buffers hold the chunk's rows.
-
-// Rows from token t0 on of a full-length [T, width] buffer.
-template <class P>
-static P at(P base, int64_t t0, int64_t width) {
-    return base + t0 * width;
-}
-
-// Where layer l's projection writes q|k|v of this GPU's tokens: the layer's qkv, or under
-// Ulysses its receive staging, packed from there into the send staging for the all-to-all.
-static bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? ulysses_qkv_of_tokens(m) : m.layers[l].qkv; }
-// Where the backward finds d q|k|v of this GPU's tokens: the step's dqkv, or under Ulysses the
-// send staging, which it was unpacked into after its all-to-all.
-static bf16* dqkv_of_tokens(Model& m) { return m.ulysses ? ulysses_dqkv_of_tokens(m) : m.dqkv; }
-
-// xn1, rstd1 = rmsnorm(x_in)
-void attention_norm_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    rmsnorm_forward(a.xn1, a.rstd1, at(a.x_in, t0, c.dim), m.w(P_ATTN_NORM, l), t1 - t0, c.dim, c.norm_eps, s);
-}
-
-// xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; RoPE on q and k.
-void qkv_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    const int64_t n = t1 - t0, QKV = c.qkv_dim();
-    bf16* qkv = at(qkv_of_tokens(m, l), t0, QKV);
-    attention_norm_forward(m, l, t0, t1, s);
-    linear_forward(qkv, m.layers[l].xn1, m.w(P_WQKV, l), nullptr, n, c.dim, QKV, s);
-    rope_apply(qkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
-               m.inv_freq, false, s);
-}
-
-// Backward of qkv_forward: d qkv (RoPE undone) -> dWqkv, and d x_in added to dres.
-static void qkv_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    const int64_t n = t1 - t0, QKV = c.qkv_dim();
-    bf16* dqkv = at(dqkv_of_tokens(m), t0, QKV);
-    rope_apply(dqkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
-               m.inv_freq, true, s);
-    recompute_attention_norm(m, l, t0, t1, s);  // checkpointing.cu: xn1, if it was not kept
-    linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), n, c.dim, QKV, s);
-    linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, n, c.dim, QKV, s);
-    rmsnorm_backward(at(m.dres, t0, c.dim), m.g(P_ATTN_NORM, l), m.dxn, at(a.x_in, t0, c.dim),
-                     m.w(P_ATTN_NORM, l), a.rstd1, n, c.dim, true, m.norm_partial, s);
-}
-
-// Attention over the whole sequence: att, lse from qkv (through Ulysses's all-to-alls when the
-// sequence is split over GPUs).
-void self_attention_forward(Model& m, int l, cudaStream_t s) {
-    if (m.ulysses) return ulysses_attention_forward(m, l, s);
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    const int64_t QKV = c.qkv_dim();
-    const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + c.q_dim(), .v = a.qkv + c.q_dim() + c.kv_dim(),
-                                  .ldq = QKV, .ldk = QKV, .ldv = QKV, .out = a.att, .ldo = c.q_dim(), .lse = a.lse};
-    TimelineMark mark(m, s, "compute", "attention forward", l);
-    attention_forward(fa, attention_call_shape(m), s);
-}
-
-static void self_attention_backward(Model& m, int l, cudaStream_t s) {
-    if (m.ulysses) return ulysses_attention_backward(m, l, s);
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    const int64_t QKV = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
-    const AttentionBackwardArgs ba{.q = a.qkv, .k = a.qkv + Q, .v = a.qkv + Q + K, .out = a.att, .dout = m.datt,
-                                   .ldq = QKV, .ldk = QKV, .ldv = QKV, .ldo = Q, .lddo = Q, .lse = a.lse,
-                                   .dq = m.dqkv, .dk = m.dqkv + Q, .dv = m.dqkv + Q + K,
-                                   .lddq = QKV, .lddk = QKV, .lddv = QKV, .delta = m.delta, .dq_accum = m.dq_accum};
-    TimelineMark mark(m, s, "compute", "attention backward", l);
-    attention_backward(ba, attention_call_shape(m), s);
-}
-
-// The attention sub-block's forward: att, lse from x_in.
-void attention_block_forward(Model& m, int l, cudaStream_t s) {
-    if (m.untied) return untied_attention_forward(m, l, s);  // untied.cu: norm, projections, attention per head chunk
-    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { qkv_forward(m, l, t0, t1, s); });
-    self_attention_forward(m, l, s);
-}
-
-// x_mid: the layer's own rows of it, or the chunk buffer it is recomputed into (checkpointing.cu).
-static bf16* x_mid_rows(Model& m, int l, int64_t t0) {
-    LayerActivations& a = m.layers[l];
-    return m.plan.x_mid == Hold::PER_LAYER ? at(a.x_mid, t0, m.cfg.dim) : a.x_mid;
-}
-
-// x_mid = x_in + att Wo^T (one GEMM with the residual as C).
-void attention_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    linear_forward(x_mid_rows(m, l, t0), at(a.att, t0, c.q_dim()), m.w(P_WO, l), at(a.x_in, t0, c.dim), t1 - t0,
-                   c.q_dim(), c.dim, s);
-}
-
-// xn2 = rmsnorm(x_mid); h13 = xn2 W13^T; act = silu(gate) * up.
-void mlp_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    const int64_t n = t1 - t0;
-    rmsnorm_forward(a.xn2, a.rstd2, x_mid_rows(m, l, t0), m.w(P_MLP_NORM, l), n, c.dim, c.norm_eps, s);
-    linear_forward(a.h13, a.xn2, m.w(P_W13, l), nullptr, n, c.dim, 2 * c.ffn_dim, s);
-    swiglu_forward(a.act, a.h13, n, c.ffn_dim, s);
-}
-
-// The rest of the block after attention: Wo and the residual, the MLP and the residual.
-static void mlp_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    attention_output_forward(m, l, t0, t1, s);
-    mlp_input_forward(m, l, t0, t1, s);
-    linear_forward(at(a.x_out, t0, c.dim), a.act, m.w(P_W2, l), x_mid_rows(m, l, t0), t1 - t0, c.ffn_dim, c.dim, s);
-}
-
-// The rest of the block after attention, chunk by chunk: x_out from x_in and att.
-void block_output_forward(Model& m, int l, cudaStream_t s) {
-    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { mlp_forward(m, l, t0, t1, s); });
-}
-
-// On entry dres[t0:t1] is d loss / d x_out; on exit d loss / d x_mid, and datt[t0:t1] is filled.
-static void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    const int64_t n = t1 - t0, D = c.dim, F = c.ffn_dim, QD = c.q_dim();
-    recompute_mlp_inputs(m, l, t0, t1, s);  // checkpointing.cu: x_mid, xn2, h13, act, if not kept
-    bf16* x_mid = x_mid_rows(m, l, t0);
-    bf16* dres = at(m.dres, t0, D);
-    // x_out = x_mid + act W2^T
-    linear_backward_input(m.dact, dres, m.w(P_W2, l), n, F, D, s);
-    linear_backward_weight(m.g(P_W2, l), dres, a.act, n, F, D, s);
-    swiglu_backward(m.dh13, m.dact, a.h13, n, F, s);
-    linear_backward_input(m.dxn, m.dh13, m.w(P_W13, l), n, D, 2 * F, s);
-    linear_backward_weight(m.g(P_W13, l), m.dh13, a.xn2, n, D, 2 * F, s);
-    rmsnorm_backward(dres, m.g(P_MLP_NORM, l), m.dxn, x_mid, m.w(P_MLP_NORM, l), a.rstd2, n, D, true,
-                     m.norm_partial, s);
-    // x_mid = x_in + att Wo^T (untied.cu takes d att a head chunk at a time instead)
-    if (m.plan.datt_buffer) linear_backward_input(at(m.datt, t0, QD), dres, m.w(P_WO, l), n, QD, D, s);
-    linear_backward_weight(m.g(P_WO, l), dres, at(a.att, t0, QD), n, QD, D, s);
-}
-
-static void layer_forward(Model& m, int l, cudaStream_t s) {
-    selective_before_attention(m, l, s);   // selective.cu: the attention output's staging slot is free
-    attention_block_forward(m, l, s);
-    selective_after_attention(m, l, s);    // selective.cu: att, lse to the host
-    offload_before_layer_output(m, l, s);  // offload.cu: the output's slot holds no input still on its way out
-    TimelineMark mark(m, s, "compute", "mlp forward", l);
-    block_output_forward(m, l, s);
-}
-
-// On entry m.dres holds d loss / d x_out of layer l; on exit d loss / d x_in.
-static void layer_backward(Model& m, int l, cudaStream_t s) {
-    {
-        TimelineMark mark(m, s, "compute", "attention rerun", l);
-        if (m.opt.selective) selective_recompute_attention(m, l, s);  // selective.cu: q|k|v, attention where not kept
-        else recompute_attention(m, l, s);                           // checkpointing.cu: the sub-block's forward
-    }
-    {
-        TimelineMark mark(m, s, "compute", "mlp backward", l);
-        for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { mlp_backward(m, l, t0, t1, s); });
-    }
-    if (m.untied) return untied_attention_backward(m, l, s);  // untied.cu: per head chunk
-    self_attention_backward(m, l, s);                          // fills dqkv
-    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { qkv_backward(m, l, t0, t1, s); });
-}
-
-// ---------------------------------------------------------------------------------------------
-// The head: final norm, LM head, cross-entropy, forward and backward together.
-void final_norm_forward(Model& m, int64_t t0, int64_t n, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    rmsnorm_forward(m.xnf, m.rstdf, at(m.x_final, t0, c.dim), m.w(P_FINAL_NORM), n, c.dim, c.norm_eps, s);
-}
-
-void final_norm_backward(Model& m, int64_t t0, int64_t n, const bf16* dxnf, cudaStream_t s) {
-    const int D = m.cfg.dim;
-    rmsnorm_backward(at(m.dres, t0, D), m.g(P_FINAL_NORM), dxnf, at(m.x_final, t0, D), m.w(P_FINAL_NORM), m.rstdf,
-                     n, D, false, m.norm_partial, s);
-}
-
-float loss_grad_scale(const Model& m) { return m.n_valid_targets > 0 ? 1.0f / (float)m.n_valid_targets : 0.0f; }
-ParamKind lm_head_kind(const Model& m) { return m.cfg.tied_embeddings ? P_EMBED : P_LM_HEAD; }
-
-// The LM head in one unit, one pass per loss chunk (chunked.cu): the logits of a chunk are
-// computed, turned into their gradient in place by the loss kernel, and used at once, so [T, V]
-// logits never exist beyond one chunk. Leaves d loss / d x_final in m.dres.
-static void lm_head_whole(Model& m, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    const int64_t D = c.dim, V = c.vocab;
-    const bf16* W = m.w_piece(lm_head_kind(m), 0);
-    float* dW = m.g_piece(lm_head_kind(m), 0);
-    for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
-        final_norm_forward(m, t0, n, s);
-        linear_forward(m.logits, m.xnf, W, nullptr, n, D, V, s);
-        cross_entropy_forward_backward(m.logits, m.losses + t0, m.targets + t0, n, (int)V, loss_grad_scale(m), s);
-        linear_backward_input(m.dxn, m.logits, W, n, D, V, s);  // logits now hold dlogits
-        linear_backward_weight(dW, m.logits, m.xnf, n, D, V, s);
-        final_norm_backward(m, t0, n, m.dxn, s);
-    });
-}
-
-// Final RMSNorm, LM head, cross-entropy and their backward: dres = d loss / d x_final.
-static void head_forward_backward(Model& m, cudaStream_t s) {
-    const ParamLayout& lay = m.layout;
-    fsdp_acquire(m, lay.final_norm_unit(), s);  // held through the head
-    fsdp_grad_begin(m, lay.final_norm_unit(), s);
-    if (lay.vocab_pieces() > 1) {
-        lm_head_in_pieces(m, s);  // savings.cu (--vocab-pieces): one piece of the vocabulary at a time
-    } else {
-        const int u = lay.head_unit(0);
-        fsdp_acquire(m, u, s);
-        fsdp_grad_begin(m, u, s);
-        lm_head_whole(m, s);
-        fsdp_grad_end(m, u, !m.cfg.tied_embeddings, s);  // tied: the lookup adds the rest at the end
-        fsdp_release(m, u, s);
-    }
-    fsdp_grad_end(m, lay.final_norm_unit(), true, s);
-    fsdp_release(m, lay.final_norm_unit(), s);
-}
-
-// The token embedding, forward and backward, one vocabulary piece (unit) at a time: one, the
-// whole table, unless --vocab-pieces.
-static void embedding_lookup(Model& m, cudaStream_t s) {
-    const ParamLayout& lay = m.layout;
-    for (int p = 0; p < lay.vocab_pieces(); p++) {
-        fsdp_acquire(m, lay.embed_unit(p), s);
-        embedding_forward(m.layers[0].x_in, m.tokens, m.w_piece(P_EMBED, p), lay.piece_row[p],
-                          lay.piece_rows(p), m.shape.tokens(), m.cfg.dim, s);
-        fsdp_release(m, lay.embed_unit(p), s);
-    }
-}
-
-static void embedding_lookup_backward(Model& m, cudaStream_t s) {  // d loss / d x_in of layer 0 in m.dres
-    const ParamLayout& lay = m.layout;
-    const std::vector<int32_t>& group_token = m.emb_groups.token;  // ascending: a piece's groups are a range
-    for (int p = 0; p < lay.vocab_pieces(); p++) {
-        const int64_t g0 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p]) - group_token.begin();
-        const int64_t g1 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p + 1]) - group_token.begin();
-        fsdp_grad_begin(m, lay.embed_unit(p), s);
-        embedding_backward(m.g_piece(P_EMBED, p), lay.piece_row[p], m.dres, m.emb_group_token + g0,
-                           m.emb_group_begin + g0, m.emb_positions, g1 - g0, m.cfg.dim, s);
-        fsdp_grad_end(m, lay.embed_unit(p), true, s);
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// One step: the forward through every layer, the head, the backward, each technique's hooks
-// around each layer. An event after each layer and the head: the watchdog of model_sync and the
-// times of --mem-trace.
-static void progressed(Model& m, cudaStream_t s) {
-    if (m.progress_recorded < (int)m.progress.size()) CUDA_CHECK(cudaEventRecord(m.progress[m.progress_recorded++], s));
-}
-
-static void forward_layers(Model& m, cudaStream_t s, ProgressFn progress, void* ctx) {
-    embedding_lookup(m, s);
-    offload_save_block_input(m, 0, s);  // offload.cu: to the host as soon as it is complete
-    for (int l = 0; l < m.cfg.n_layers; l++) {
-        {
-            TimelineMark mark(m, s, "compute", "forward", l);
-            fsdp_acquire(m, m.layout.layer_unit(l), s);
-            layer_forward(m, l, s);
-            fsdp_release(m, m.layout.layer_unit(l), s);
-            offload_after_layer_forward(m, l, s);  // x_out is layer l+1's input: to the host
-        }
-        progressed(m, s);
-        if (progress) progress(ctx, "fwd", l);
-    }
-}
-
-static void backward_layers(Model& m, cudaStream_t s, ProgressFn progress, void* ctx) {
-    for (int l = m.cfg.n_layers - 1; l >= 0; l--) {
-        {
-            TimelineMark mark(m, s, "compute", "backward", l);
-            const int u = m.layout.layer_unit(l);
-            fsdp_acquire(m, u, s);
-            fsdp_grad_begin(m, u, s);
-            selective_before_layer_backward(m, l, s);  // selective.cu: att, lse back; a rebuilt input
-            offload_before_layer_backward(m, l, s);    // offload.cu: the block input back in its slot
-            layer_backward(m, l, s);
-            fsdp_grad_end(m, u, true, s);
-            fsdp_release(m, u, s);
-        }
-        progressed(m, s);
-        if (progress) progress(ctx, "bwd", l);
-    }
-    embedding_lookup_backward(m, s);  // the lookup needs no weights
-}
-
-void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void* ctx) {
-    timeline_step_begin(m, s);  // --timeline: the marks are times from here
-    fsdp_step_begin(m, s);      // zeroes the gradients
-    offload_step_begin(m, s);
-    m.progress_recorded = 0;
-    progressed(m, s);  // the step's start
-    forward_layers(m, s, progress, ctx);
-    {
-        // LM head and loss, forward and backward together: dres = d loss / d x_final.
-        TimelineMark mark(m, s, "compute", "head", -1);
-        head_forward_backward(m, s);
-        sum_floats(m.scalars + 0, m.losses, m.shape.tokens(), m.reduce_scratch, s);
-    }
-    progressed(m, s);
-    backward_layers(m, s, progress, ctx);
-    fsdp_step_end(m, s);
-    timeline_step_end(m);
-    // scalars[0] holds this GPU's sum of raw per-token losses (only their gradient was scaled by
-    // 1 / the step's count of valid targets). Summed over the GPUs it is the step's total loss,
-    // which the caller divides by that count.
-    if (m.world > 1) m.comm->all_reduce(m.scalars + 0, 1, DType::F32, s);
-}
-
-int64_t model_host_bytes(const Model& m) { return offload_host_bytes(m) + selective_host_bytes(m); }
-
-// --mem-trace. The arena is allocated once, so the device's total is flat by design; what
-// changes over a step is which of its bytes hold live data. Model states, communication slots and
-// workspace are live throughout; the activations each layer keeps in a slot of its own fill up
-// over the forward and empty over the backward, and so does the pinned host memory of --offload.
-// (The attention outputs =selective --offload keeps on the device count as live throughout.)
-// Each point is one progress event of the last step, timed on the GPU.
-std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena) {
-    const int L = m.cfg.n_layers;
-    // The host holds the block inputs of every layer but the rebuilt ones (and with
-    // --ckpt=selective the attention outputs and lse of the first att_host_layers): input l+1 is
-    // copied out right after layer l's forward, the attention output of layer l with it; the
-    // backward frees them from the last layer down.
-    const int64_t T = m.shape.tokens();
-    const int64_t host_x = m.plan.x_in == Hold::ON_HOST ? T * m.cfg.dim * 2 : 0;
-    const int64_t host_att = m.plan.att == Hold::ON_HOST ? selective_attention_bytes(m) : 0;
-    auto host_at = [&](int inputs, int atts) {
-        const int n = std::min(inputs, L);
-        return host_x * (n - selective_inputs_rebuilt_below(m, n)) + host_att * std::min(atts, m.plan.att_host_layers);
-    };
-    std::vector<MemTracePoint> pts;
-    auto add = [&](const char* point, int layer, int event, int held, int64_t host) {
-        if (event >= m.progress_recorded) return;
-        MemTracePoint p;
-        p.point = point, p.layer = layer;
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, m.progress[0], m.progress[event]));
-        p.t_ms = ms;
-        for (int c = 0; c < MEM_NUM_CATEGORIES; c++)
-            p.live[c] = arena.category_bytes(c) - (int64_t)(L - held) * m.saved_per_layer[c];
-        p.host = host;
-        pts.push_back(p);
-    };
-    add("start", -1, 0, 0, 0);
-    for (int l = 0; l < L; l++) add("fwd", l, 1 + l, l + 1, host_at(l + 2, l + 1));
-    add("head", -1, 1 + L, L, host_at(L, L));
-    for (int l = L - 1; l >= 0; l--) add("bwd", l, 2 + L + (L - 1 - l), l, host_at(l, l));
-    return pts;
-}
-
-void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s) {
-    // Global gradient norm: each GPU's sum of squares; summed over the shards under --fsdp
-    // (replicated gradients are already the same everywhere).
-    sum_squares(m.scalars + 1, m.grad, m.local_params, m.reduce_scratch, s);
-    if (m.opt.fsdp && m.world > 1) m.comm->all_reduce(m.scalars + 1, 1, DType::F32, s);
-    clip_scale(m.scalars + 2, m.scalars + 1, max_grad_norm, s);
-    for (const ParamSegment& seg : fsdp_segments(m))
-        adamw_update(m.master + seg.local, m.grad + seg.local, m.adam_m + seg.local,
-                     m.adam_v + seg.local, seg.count, opt, seg.tensor->decay, m.scalars + 2, s);
-}
-
-double model_step_flops(const LlamaConfig& c, const RunShape& shape) {  // per GPU
-    double matmul = 6.0 * (double)count_matmul_params(c) * (double)shape.tokens();
-    AttentionShape sh{shape.batch, shape.seq, c.n_heads / shape.sp, c.n_kv_heads, c.head_dim};
-    double attn = 3.5 * attention_forward_flops(sh) * c.n_layers;
-    return matmul + attn;
+// HF LlamaForCausalLM init: every linear and the embedding N(0, 0.02); RMSNorm gains 1. Values
+// [offset, offset + count) of tensor t, into f32 or (the other one null) bf16; each depends only
+// on (seed, tensor, index), so any part of the model can be drawn on its own.
+void init_param_values(const Model& m, const ParamTensor& t, int64_t offset, int64_t count, uint64_t seed,
+                       float* f32, bf16* b16, cudaStream_t s) {
+    const uint64_t tensor_seed = seed * 1000003ull + (uint64_t)(&t - m.layout.tensors.data());
+    if (f32 && t.rows == 1) init_constant(f32, count, 1.0f, s);
+    else if (f32) init_normal(f32, count, 0.02f, tensor_seed, s, offset);
+    else if (t.rows == 1) fill_bf16(b16, count, 1.0f, s);
+    else init_normal_bf16(b16, count, 0.02f, tensor_seed, s, offset);
 }

@@ -1,9 +1,29 @@
-// offload.cu - CPU offload of the block inputs (--offload, ladder stage 4; the talk at 07:48,
-// with activation checkpointing, checkpointing.cu).
+// offload.cu - activation checkpointing (--ckpt, ladder stage 3), then CPU offload of its
+// checkpoints (--offload, stage 4): one section of the talk, at 07:48.
 //
-// Under --ckpt (which --offload implies) each layer keeps only its block input x_in, but those
-// still grow with the depth: (L + 1) x T x 2D bytes. With --offload each goes to pinned host
-// memory as soon as it is complete, on a copy stream beside the compute, and comes back for the
+// Stage 3, activation checkpointing. A plain step keeps every activation of every layer from the
+// forward until that layer's backward. With --ckpt a layer keeps only its input x_in (the
+// residual stream entering the block). Its backward first recomputes the layer's forward from
+// x_in (norm, QKV, RoPE, attention, Wo, MLP), then runs the backward on it. The recomputed
+// activations go into one set of buffers, which every layer reuses in turn.
+//
+//   kept per token and layer (bytes)  plain                         --ckpt
+//     "other"                         2 (4D + 3F) + 8               2 D
+//     "attention"                     2 (qkv_dim + Hq d) + 4 Hq     0
+//   Llama 3.1 8B:                     139,400                       8,192
+// plus one layer's worth of the buffers that are recomputed (not multiplied by L).
+// Cost: one more forward of every layer (about a third more compute: forward 1, backward 2).
+//
+//   kept per layer      x_in
+//   recomputed          xn1 (attention norm), q|k|v, att and lse, x_mid, xn2, h13, act (the
+//                       MLP's inputs)
+// --chunked (chunked.cu) also drops the MLP's inputs (it keeps one chunk of them), and Untied
+// Ulysses implies --ckpt; the functions below rebuild whatever the plan says was not kept,
+// whichever technique dropped it.
+//
+// Stage 4, CPU offload of the block inputs. Checkpointing's inputs still grow with the depth:
+// (L + 1) x T x 2D bytes. With --offload (which implies --ckpt) each goes to pinned host memory
+// as soon as it is complete, on a copy stream beside the compute, and comes back for the
 // layer's backward. The device keeps two slots, used in turn: layer l reads its input from slot
 // l % 2 and writes its output, layer l+1's input, into the other.
 //   forward:  layer l's input is copied out while the layer runs; before its MLP writes the
@@ -14,23 +34,43 @@
 // Events order the compute and copy streams; nothing synchronizes the device. Pinned memory is
 // allocated once, since pinning is slow (docs/reference.md), and reused by every step.
 //
-// Memory per GPU, for T local tokens and L layers (bytes; 8B at 3M on 8 GPUs, T = 393216):
-//   device: (L + 1) T 2D -> 2 T 2D   (99 GiB -> 6 GiB)
+//   device: (L + 1) T 2D -> 2 T 2D   (8B at 3M on 8 GPUs, T = 393216: 99 GiB -> 6 GiB)
 //   host:   L T 2D                    (96 GiB)
 // Cost: copies hidden behind compute. A layer's input is 2 D bytes per token (8 KiB for 8B): at a
 // pinned copy's 55 GB/s (docs/reference.md) 0.15 us per token, against about 3.3 us per token of
 // the layer's GEMMs alone (6 FLOPs x 218 M parameters at 400 TFLOP/s), before attention.
 //
-// Where --offload changes the step (llama.cu): slot, layer l's x_in is slot l % 2 and its x_out
-// slot (l + 1) % 2; model_allocate / model_free, offload_create / _destroy; forward_layers,
-// offload_save_block_input after the embedding and offload_after_layer_forward after each layer;
-// layer_forward, offload_before_layer_output before the MLP writes the output; backward_layers,
-// offload_before_layer_backward; model_host_bytes. train.cpp: --offload implies --ckpt.
-// Beyond the talk (stage 7): --one-offload-slot keeps one slot (savings.cu), and selective
-// checkpointing (selective.cu) copies attention outputs on this copy stream and leaves some block
-// inputs off the host (selective_input_rebuilt), rebuilt in the backward.
+// The slots and the inputs on the host are what the plan says (x_slots, input_rebuilt): stage 7
+// may plan one slot, or leave some inputs off the host (beyond/).
 #include "llama.h"
 
+// =============================================================================================
+// Stage 3: activation checkpointing.
+void checkpointing_plan(Model& m) {
+    if (!m.opt.ckpt) return;
+    ActivationPlan& p = m.plan;
+    p.qkv = p.att = p.x_mid = p.norms_mlp = Hold::RECOMPUTED;
+}
+
+// Before layer l's backward: the attention sub-block's forward again, from x_in. Its backward
+// reads q, k, v, the output and its lse.
+void recompute_attention(Model& m, int l, cudaStream_t s) {
+    if (m.plan.att == Hold::RECOMPUTED) attention_block_forward(m, l, s);
+}
+
+// Before the backward of the chunk's q|k|v projection: its input xn1.
+void recompute_attention_norm(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    if (m.plan.norms_mlp == Hold::RECOMPUTED) attention_norm_forward(m, l, t0, t1, s);
+}
+
+// Before the chunk's MLP backward: x_mid = x_in + att Wo^T, then xn2, h13 and act from it.
+void recompute_mlp_inputs(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    if (m.plan.x_mid == Hold::RECOMPUTED) attention_output_forward(m, l, t0, t1, s);
+    if (m.plan.norms_mlp == Hold::RECOMPUTED) mlp_input_forward(m, l, t0, t1, s);
+}
+
+// =============================================================================================
+// Stage 4: the checkpoints in pinned host memory.
 struct Offload {
     bf16* host_x = nullptr;  // the block inputs on the host, layer by layer
     cudaStream_t copy = nullptr;
@@ -43,11 +83,11 @@ struct Offload {
 
 static int64_t block_input_elements(const Model& m) { return m.shape.tokens() * m.cfg.dim; }
 static int slot_of(const Model& m, int l) { return l % m.plan.x_slots; }
-static int host_inputs(const Model& m, int n) { return n - selective_inputs_rebuilt_below(m, n); }
+static int host_inputs(const Model& m, int n) { return n - inputs_rebuilt_below(m.plan, n); }  // of layers 0 .. n-1
 static bf16* host_input(Model& m, int l) { return m.offload->host_x + host_inputs(m, l) * block_input_elements(m); }
 
 void offload_plan(Model& m) {
-    if (m.opt.offload) m.plan.x_in = Hold::ON_HOST, m.plan.x_slots = 2;  // savings.cu may make it one slot
+    if (m.opt.offload) m.plan.x_in = Hold::ON_HOST, m.plan.x_slots = 2;
 }
 
 int64_t offload_host_bytes(const Model& m) {
@@ -108,7 +148,7 @@ void offload_input_written(Model& m, int l) { m.offload->slot_input[slot_of(m, l
 void offload_save_block_input(Model& m, int l, cudaStream_t s) {
     if (!m.offload) return;
     offload_input_written(m, l);                    // l = L: the head's input, in the last layer's output slot
-    if (l >= m.cfg.n_layers || selective_input_rebuilt(m, l)) return;  // selective.cu: rebuilt in the backward
+    if (l >= m.cfg.n_layers || input_rebuilt(m.plan, l)) return;
     const int64_t bytes = block_input_elements(m) * 2;
     offload_copy(m, host_input(m, l), m.layers[l].x_in, bytes, cudaMemcpyDeviceToHost, "x_in to host", l, s);
     CUDA_CHECK(cudaEventRecord(m.offload->copied_out[slot_of(m, l)], m.offload->copy));
@@ -132,10 +172,10 @@ void offload_fetch_input(Model& m, int l, cudaStream_t s) {
 void offload_before_layer_backward(Model& m, int l, cudaStream_t s) {
     if (!m.offload) return;
     Offload& o = *m.offload;
-    if (o.slot_input[slot_of(m, l)] != l) offload_fetch_input(m, l, s);  // one slot: it held the layer above's
+    if (o.slot_input[slot_of(m, l)] != l) offload_fetch_input(m, l, s);  // not fetched ahead
     CUDA_CHECK(cudaStreamWaitEvent(s, o.fetched, 0));
     // Layer l-1's input into the other slot while layer l's backward runs.
     const int k = l - 1;
-    if (k >= 0 && slot_of(m, k) != slot_of(m, l) && o.slot_input[slot_of(m, k)] != k && !selective_input_rebuilt(m, k))
+    if (k >= 0 && slot_of(m, k) != slot_of(m, l) && o.slot_input[slot_of(m, k)] != k && !input_rebuilt(m.plan, k))
         offload_fetch_input(m, k, s);
 }

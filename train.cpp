@@ -916,7 +916,7 @@ static void open_gpu(Run& r) {
         m.comm = comm_nccl(r.rank, r.world, r.launch.listen_fd, r.launch.master_addr, r.launch.master_port,
                            o.comm_timeout_s);
     else
-        m.comm = r.simulated ? comm_fake(r.world) : comm_single();
+        m.comm = r.simulated ? comm_fake(r.world, &m) : comm_single();
     m.owns_comm = true;
     m.comm_fsdp = m.comm->split();
     m.comm_timeout_s = o.comm_timeout_s;
@@ -1024,9 +1024,9 @@ static int allocate_on_every_rank(Run& r) {
 }
 
 static const char* attention_kernels(const Run& r) {
-    if (!r.fast_attention) return "attention.cu (reference)";
-    if (!r.o.step.fused_attention) return "attention_hopper.cu (wgmma + TMA), lean backward";
-    return "attention_hopper.cu (wgmma + TMA), fused backward";
+    if (!r.fast_attention) return "kernels/attention.cu (reference)";
+    if (!r.o.step.fused_attention) return "kernels/attention_hopper.cu (wgmma + TMA), lean backward";
+    return "kernels/attention_hopper.cu (wgmma + TMA), fused backward";
 }
 
 // Rank 0's log: the run's setup, then what the device holds once everything is allocated (the

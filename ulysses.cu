@@ -1,9 +1,10 @@
 // ulysses.cu - DeepSpeed Ulysses context parallelism (--ulysses, ladder stage 2; the talk at
-// 06:04; Jacobs et al., arXiv 2309.14509).
+// 06:04; Jacobs et al., arXiv 2309.14509), then Untied Ulysses, the same in head chunks
+// (--untied[=K], stage 6; the talk at 09:57, the chunk size at 11:43; UPipe, arXiv 2602.21196).
 //
-// One sequence of S tokens is split over N GPUs: GPU r holds tokens [r S/N, (r+1) S/N) and runs
-// everything that works token by token (norms, projections, RoPE with global positions, MLP,
-// loss) on those S/N tokens only. Attention is the one step that mixes tokens; there the split
+// Stage 2, Ulysses. One sequence of S tokens is split over N GPUs: GPU r holds tokens
+// [r S/N, (r+1) S/N) and runs everything that works token by token (norms, projections, RoPE
+// with global positions, MLP, loss) on those S/N tokens only. Attention is the one step that mixes tokens; there the split
 // changes from tokens to heads with one all-to-all:
 //
 //   q, k, v  [S/N tokens, all heads]  --all-to-all-->  [S tokens, H/N heads]
@@ -29,23 +30,51 @@
 // it arrives, so neither needs a buffer of its own. Traffic per layer: forward q|k|v and out,
 // backward d out and d q|k|v, each (N-1)/N of the local tensor.
 //
-// Where --ulysses changes the step:
-//   train.cpp        RunShape.sp = N: each GPU holds S/N tokens (data, RoPE positions, loss);
-//                    one sequence for all GPUs (no data parallelism)
-//   ulysses_plan     d q|k|v of this GPU's tokens is unpacked into the send staging (no dqkv
-//                    buffer)
-//   llama.cu         declare_activations sizes qkv and lse for S tokens of this GPU's heads;
-//                    attention_call_shape: S tokens, H/N heads; model_step_flops: H/N heads;
-//                    qkv_forward writes into the receive staging (qkv_of_tokens);
-//                    self_attention_forward/backward call ulysses_attention_forward/backward;
-//                    qkv_backward reads d q|k|v from the send staging (dqkv_of_tokens)
-//   selective.cu     under --ckpt=selective the recomputed q|k|v goes head-sharded again
-//                    (ulysses_qkv_to_heads) for the attention backward
-// Untied Ulysses (untied.cu) replaces all of this with head chunks and buffers of its own.
+// Stage 6, Untied Ulysses. Plain Ulysses materializes, for all of a GPU's heads at once and each
+// spanning the whole sequence, the projected q, k, v (token-sharded and head-sharded), the
+// all-to-all staging and the attention output. Untied Ulysses walks a GPU's share of query heads (Hq/N) in chunks of K
+// heads and reuses one small buffer set for every chunk:
+//
+//   for each chunk i (Hq / (N K) of them):
+//     q for chunk i of every destination GPU j: one GEMM each, written straight into j's send
+//       block [S/N, K d] (no pack), RoPE with global positions
+//     k, v only when the chunk starts a new KV group (heads are walked in GQA order, so each KV
+//       head crosses the network once per layer and direction)
+//     all-to-all -> q [S, K d], k, v [S, kv d]; attention; lse of the chunk kept
+//     all-to-all back, straight into the chunk's columns of the one attention output [S/N, Hq d]
+//
+// The backward repeats the chunks: it recomputes the projections, computes the chunk's d out
+// (dres times the chunk's columns of Wo) straight into the send blocks, takes the chunk's delta =
+// rowsum(d out * out) on the token-sharded side, runs the attention backward, sends dq back at
+// once, and sums dK, dV over the chunks of a KV group in place (the kernel adds to them) before
+// sending them back. Projection weight gradients and the gradient of the normalized input,
+// dxn1, accumulate chunk by chunk (GEMMs with beta = 1).
+//
+// Memory per GPU (S tokens in the sequence, N GPUs, d head dim, q = Hq/N query heads and
+// kv' = max(1, Hkv/N) KV heads per GPU, K heads per chunk with kv = max(1, K/group) KV heads;
+// bf16 = 2 bytes; one layer's working set, since layers run one at a time under --ckpt):
+//   attention category
+//     plain:  2 S d (2 (q + 2 kv') + 3 q) + 8 S q   head-sharded qkv and its gradient, output
+//                                                   and d out (head-sharded), the token-sharded
+//                                                   output and its gradient, lse and delta
+//     untied: 2 S d (q + 3 K + 4 kv) + 4 S (q + K)  the token-sharded output (Wo's input), the
+//                                                   chunk's q, out/d out, dq, k|v, dk|dv; lse
+//   all-to-all staging (comm category)
+//     plain:  2 x 2 S d (q + 2 kv') (+ 12 S q for delta)
+//     untied: 2 S d (2 K + 2 kv) + 4 S (q + K)
+//   the gradient of the normalized input, 2 (S/N) D ("other"), and the fused backward's dQ sums,
+//   4 S K d (--attention fused), each a buffer of its own (stage 7 finds their bytes elsewhere:
+//   beyond/savings.cu). The normalized input itself is recomputed a token chunk at a time
+//   wherever a projection needs it.
+// Llama 3.1 8B on 8 GPUs (q = 4, kv' = 1), K = 1: the attention term falls from 48 S d to 22 S d
+// bytes. The cost: q/K all-to-alls per direction instead of one, projection GEMMs of K d
+// columns, and the projections recomputed in the backward.
 #include <algorithm>
 
 #include "llama.h"
 
+// =============================================================================================
+// Stage 2: DeepSpeed Ulysses.
 // One layer's working buffers, reused by every layer. Each is named by the side of the
 // all-to-all it stages; what it holds changes over the step, in this order.
 struct Ulysses {
@@ -226,25 +255,28 @@ __global__ void transpose_kernel(float* out, const float* in, int64_t B, int64_t
 
 }  // namespace
 
-void ulysses_blocks_to_columns(bf16* dst, const bf16* src, int64_t T, int sp, int64_t w, int64_t ld,
-                               int64_t col0, int64_t stride, cudaStream_t s) {
+// dst[t][col0 + j stride + x] = src[j][t][x] for x < w: the blocks that came from GPU j into their
+// columns of rows of width ld.
+static void blocks_to_columns(bf16* dst, const bf16* src, int64_t T, int sp, int64_t w, int64_t ld, int64_t col0,
+                              int64_t stride, cudaStream_t s) {
     blocks_to_strided_kernel<bf16><<<blocks(sp * T * w), 256, 0, s>>>(dst, src, T, sp, w, ld, col0, stride);
     CUDA_CHECK_LAUNCH();
 }
 
-void ulysses_delta(float* delta, const bf16* dout, int64_t ld_dout, const bf16* out, int64_t ld_out, int64_t T,
-                   int H, int d, cudaStream_t s) {
+// delta[t][h] = rowsum over head h of dout * out, for H heads from each row's start.
+static void token_deltas(float* delta, const bf16* dout, int64_t ld_dout, const bf16* out, int64_t ld_out, int64_t T,
+                         int H, int d, cudaStream_t s) {
     delta_kernel<<<(unsigned)((T * H + 7) / 8), 256, 0, s>>>(delta, dout, ld_dout, out, ld_out, T, H, d);
     CUDA_CHECK_LAUNCH();
 }
 
-void ulysses_transpose_delta(float* out, const float* in, int64_t B, int64_t S, int q, cudaStream_t s) {
+// [B][S][q] -> [B][q][S]: per-token delta to the attention kernel's per-head layout.
+static void delta_to_heads(float* out, const float* in, int64_t B, int64_t S, int q, cudaStream_t s) {
     transpose_kernel<<<blocks(B * S * q), 256, 0, s>>>(out, in, B, S, q);
     CUDA_CHECK_LAUNCH();
 }
 
-// Token-sharded q, k, v -> head-sharded, straight into the layer's qkv [S, WH]. Also the
-// backward's first step under --ckpt=selective (q, k, v are recomputed, attention is not).
+// Token-sharded q, k, v -> head-sharded, straight into the layer's qkv [S, WH].
 void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s) {
     const Geometry g = geometry(m);
     Ulysses& u = *m.ulysses;
@@ -261,13 +293,10 @@ void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
     ulysses_qkv_to_heads(m, l, s);
     const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + qd, .v = a.qkv + qd + (int64_t)g.kv * g.d, .ldq = g.WH,
                                   .ldk = g.WH, .ldv = g.WH, .out = u.heads_out, .ldo = qd, .lse = a.lse};
-    {
-        TimelineMark mark(m, s, "compute", "attention forward", l);
-        attention_forward(fa, ulysses_attention_shape(m), s);
-    }
+    layer_attention_forward(m, l, fa, ulysses_attention_shape(m), s);
     // Head-sharded output -> token-sharded a.att [T, Hq d]: rows of GPU j's tokens go to GPU j.
     layer_all_to_all(m, l, u.receive, u.heads_out, g.T * qd, DType::BF16, s);
-    ulysses_blocks_to_columns(a.att, u.receive, g.T, g.sp, qd, g.sp * qd, 0, qd, s);
+    blocks_to_columns(a.att, u.receive, g.T, g.sp, qd, g.sp * qd, 0, qd, s);
 }
 
 void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
@@ -276,14 +305,14 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
     LayerActivations& a = m.layers[l];
     const int64_t S = g.T * g.sp, qd = (int64_t)g.q * g.d;
     // delta on the token-sharded side, then d out and delta to head-sharded.
-    ulysses_delta(u.delta_tokens, m.datt, (int64_t)g.Hq * g.d, a.att, (int64_t)g.Hq * g.d, g.T, g.Hq, g.d, s);
+    token_deltas(u.delta_tokens, m.datt, (int64_t)g.Hq * g.d, a.att, (int64_t)g.Hq * g.d, g.T, g.Hq, g.d, s);
     strided_to_blocks_kernel<bf16><<<blocks(g.sp * g.T * qd), 256, 0, s>>>(u.send, m.datt, g.T, g.sp, qd, g.sp * qd, 0, qd);
     CUDA_CHECK_LAUNCH();
     layer_all_to_all(m, l, u.heads_out, u.send, g.T * qd, DType::BF16, s);  // d out of this GPU's heads
     strided_to_blocks_kernel<float><<<blocks(g.T * g.Hq), 256, 0, s>>>(u.delta_send, u.delta_tokens, g.T, g.sp, g.q, g.Hq, 0, g.q);
     CUDA_CHECK_LAUNCH();
     layer_all_to_all(m, l, u.delta_receive, u.delta_send, g.T * g.q, DType::F32, s);
-    ulysses_transpose_delta(m.delta, u.delta_receive, 1, S, g.q, s);
+    delta_to_heads(m.delta, u.delta_receive, 1, S, g.q, s);
     // Attention backward on S tokens x H/N heads; out = nullptr: delta is given.
     const int64_t kvd = (int64_t)g.kv * g.d;
     const AttentionBackwardArgs ba{.q = a.qkv, .k = a.qkv + qd, .v = a.qkv + qd + kvd, .out = nullptr,
@@ -291,13 +320,294 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
                                    .lse = a.lse, .dq = u.heads_dqkv, .dk = u.heads_dqkv + qd,
                                    .dv = u.heads_dqkv + qd + kvd, .lddq = g.WH, .lddk = g.WH, .lddv = g.WH,
                                    .delta = m.delta, .dq_accum = m.dq_accum};
-    {
-        TimelineMark mark(m, s, "compute", "attention backward", l);
-        attention_backward(ba, ulysses_attention_shape(m), s);
-    }
+    layer_attention_backward(m, l, ba, ulysses_attention_shape(m), s);
     // Head-sharded dq, dk, dv -> token-sharded d q|k|v [T, QKV] in the send staging (replicated
     // KV heads summed), where qkv_backward reads it.
     layer_all_to_all(m, l, u.receive, u.heads_dqkv, g.T * g.WH, DType::BF16, s);
     unpack_dqkv_kernel<<<blocks(g.T * g.QKV), 256, 0, s>>>(u.send, u.receive, g);
     CUDA_CHECK_LAUNCH();
 }
+
+// =============================================================================================
+// Stage 6: Untied Ulysses.
+// How a GPU's heads are walked, and one head chunk's buffers, reused by every chunk and layer.
+// Chunk i of GPU j holds query heads j Hq/N + i K .. + K - 1 and their KV heads (kv of them,
+// starting at the first's group). What a buffer holds changes over the step, in this order.
+struct Untied {
+    int sp, K, chunks, group, kv, q_per_gpu;
+    int64_t T, S, d, D;
+    int64_t batch, seq;  // the attention's view: B sequences of seq tokens (B = 1 under Ulysses)
+    int q_first(int j, int i) const { return j * q_per_gpu + i * K; }
+    int kv_first(int j, int i) const { return q_first(j, i) / group; }
+    // Whether chunk i starts a new KV group (the same for every GPU: see untied_check).
+    bool new_kv(int i) const { return i == 0 || (q_per_gpu >= group && (i * K) % group == 0); }
+    bool last_of_kv(int i) const { return i == chunks - 1 || new_kv(i + 1); }
+
+    bf16* dxn1 = nullptr;     // [T, D] d xn1 (the normalized input) of all tokens, summed over chunks
+                              // (nullptr under --grad-in-att-output: the attention output's memory)
+    bf16* send = nullptr;     // [N][T, K d] the chunk's q for each destination GPU; then its d out
+    bf16* receive = nullptr;  // [N][T, K d] the chunk's output from each GPU; then its dq (right
+                              // after send; --dq-sums-in-staging: both hold the fused backward's dQ sums)
+    bf16* kv_send = nullptr;  // [N][T, 2 kv d] k|v for each destination GPU; then dk|dv received
+    bf16* heads_q = nullptr;    // [S, K d] the chunk's q, head-sharded
+    bf16* heads_kv = nullptr;   // [S, 2 kv d] its k|v, head-sharded
+    bf16* heads_out = nullptr;  // [S, K d] its output, head-sharded; then its d out
+    bf16* heads_dq = nullptr;   // [S, K d]
+    bf16* heads_dkv = nullptr;  // [S, 2 kv d] summed over the chunks of a KV group
+    float* delta_send = nullptr;     // [chunks][N][T, K] delta of every chunk's heads, by destination GPU
+    float* delta_receive = nullptr;  // [N][T, K] by source GPU
+    float* heads_delta = nullptr;    // [B, K, S] head-sharded, as the attention kernel reads it
+};
+
+namespace {
+
+void chunk_all_to_all(Model& m, const Untied& p, int l, void* out, const void* in, int64_t n, DType t, cudaStream_t s);
+
+// Rows of the fused wqkv (and its gradient) that hold query head h, and KV head g's k and v.
+int64_t q_row(const LlamaConfig& c, int h) { return (int64_t)h * c.head_dim; }
+int64_t k_row(const LlamaConfig& c, int g) { return (int64_t)(c.n_heads + g) * c.head_dim; }
+int64_t v_row(const LlamaConfig& c, int g) { return (int64_t)(c.n_heads + c.n_kv_heads + g) * c.head_dim; }
+
+// The layer's normalized input, token chunk by token chunk (into the attention-norm chunk buffer
+// xn1 / rstd1): with --chunked no full-width copy of it is kept (without, one chunk is the whole
+// sequence). Calls f(t0, n, xn) for each chunk.
+template <class F>
+void for_each_normalized_chunk(Model& m, int l, F f, cudaStream_t s) {
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
+        attention_norm_forward(m, l, t0, t1, s);
+        f(t0, t1 - t0, m.layers[l].xn1);
+    });
+}
+
+// q of chunk i for every destination (and k | v of its KV heads when the chunk starts a new KV
+// group), projected straight into the send blocks, RoPE'd; then to head-sharded.
+void untied_project(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
+    const bool kv = p.new_kv(i);
+    const bf16* Wqkv = m.w(P_WQKV, l);
+    for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
+        for (int j = 0; j < p.sp; j++) {
+            bf16* q = p.send + (int64_t)j * p.T * w + t0 * w;
+            linear_forward(q, xn, Wqkv + q_row(c, p.q_first(j, i)) * p.D, nullptr, n, p.D, w, s);
+            if (!kv) continue;
+            bf16* k = p.kv_send + (int64_t)j * p.T * 2 * kvw + t0 * 2 * kvw;
+            const int g = p.kv_first(j, i);
+            gemm_rm(false, true, n, kvw, p.D, xn, p.D, Wqkv + k_row(c, g) * p.D, p.D, k, 2 * kvw, false, 1.f, 0.f,
+                    nullptr, s);
+            gemm_rm(false, true, n, kvw, p.D, xn, p.D, Wqkv + v_row(c, g) * p.D, p.D, k + kvw, 2 * kvw, false, 1.f, 0.f,
+                    nullptr, s);
+        }
+    }, s);
+    for (int j = 0; j < p.sp; j++) {
+        rope_apply(p.send + (int64_t)j * p.T * w, p.T, 0, m.shape.seq, m.shape.first_position(), p.K,
+                   (int)p.d, w, m.inv_freq, false, s);
+        if (kv)
+            rope_apply(p.kv_send + (int64_t)j * p.T * 2 * kvw, p.T, 0, m.shape.seq, m.shape.first_position(),
+                       p.kv, (int)p.d, 2 * kvw, m.inv_freq, false, s);
+    }
+    chunk_all_to_all(m, p, l, p.heads_q, p.send, p.T * w, DType::BF16, s);
+    if (kv) chunk_all_to_all(m, p, l, p.heads_kv, p.kv_send, p.T * 2 * kvw, DType::BF16, s);
+}
+
+AttentionShape chunk_shape(const Untied& p) { return {(int)p.batch, p.seq, p.K, p.kv, (int)p.d}; }
+
+// The chunk's all-to-all among the GPUs that share the sequence; without Ulysses (one GPU per
+// sequence, data parallel or alone) it is a local copy, whatever the world is.
+void chunk_all_to_all(Model& m, const Untied& p, int l, void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
+    if (p.sp > 1) return layer_all_to_all(m, l, out, in, n, t, s);
+    CUDA_CHECK(cudaMemcpyAsync(out, in, n * (t == DType::BF16 ? 2 : 4), cudaMemcpyDeviceToDevice, s));
+}
+
+}  // namespace
+
+void untied_check(const LlamaConfig& c, const RunShape& shape, int K) {
+    if (K <= 0) return;
+    const int sp = shape.sp, q = c.n_heads / sp, group = c.n_heads / c.n_kv_heads;
+    if (q % K)
+        usage_error("--untied=" + std::to_string(K) + ": each GPU's " + std::to_string(q) +
+                    " query heads do not split into chunks of " + std::to_string(K));
+    if (K % group && group % K)
+        usage_error("--untied=" + std::to_string(K) + ": chunks must hold whole GQA groups of " +
+                    std::to_string(group) + " query heads, or divide one");
+    if (q > group && q % group)
+        usage_error("--untied: each GPU's query heads must cover whole GQA groups");
+}
+
+void untied_plan(Model& m) {
+    const int K = m.opt.untied;
+    if (K <= 0) return;
+    const LlamaConfig& c = m.cfg;
+    m.untied = std::make_shared<Untied>();
+    Untied& p = *m.untied;
+    p.sp = m.shape.sp;
+    p.K = K;
+    p.q_per_gpu = c.n_heads / p.sp;
+    p.chunks = p.q_per_gpu / p.K;
+    p.group = c.n_heads / c.n_kv_heads;
+    p.kv = std::max(1, p.K / p.group);
+    p.T = m.shape.tokens();
+    p.S = p.T * p.sp;
+    p.batch = m.shape.batch;
+    p.seq = m.shape.seq;
+    p.d = c.head_dim;
+    p.D = c.dim;
+    // Attention's inputs and gradients live in the chunk buffers below, not in the plain model's.
+    m.plan.qkv = Hold::ELSEWHERE;
+    m.plan.dqkv_buffer = m.plan.datt_buffer = false;
+}
+
+void untied_declare_buffers(Model& m, Arena& A) {
+    if (!m.untied) return;
+    Untied& p = *m.untied;
+    const int64_t w = p.K * p.d, kvw2 = 2 * p.kv * p.d, S = p.S;
+    p.dxn1 = m.plan.dxn1_buffer ? A.take<bf16>("untied: d normalized input", MEM_OTHER, p.T * p.D) : nullptr;
+    // The send and receive blocks are one buffer.
+    bf16* staging = A.take<bf16>("untied: q / d out send, out / dq receive", MEM_COMM,
+                                 std::max(2 * S * w, dq_sums_staging_bf16s(m)));  // stage 7: room for the dQ sums
+    p.send = staging;
+    p.receive = staging ? staging + S * w : nullptr;
+    p.kv_send = A.take<bf16>("untied: k|v send (and dk|dv receive)", MEM_COMM, S * kvw2);
+    p.heads_q = A.take<bf16>("untied: q, head-sharded", MEM_ATTENTION, S * w);
+    p.heads_kv = A.take<bf16>("untied: k|v, head-sharded", MEM_ATTENTION, S * kvw2);
+    p.heads_out = A.take<bf16>("untied: out / d out, head-sharded", MEM_ATTENTION, S * w);
+    p.heads_dq = A.take<bf16>("untied: dq, head-sharded", MEM_ATTENTION, S * w);
+    p.heads_dkv = A.take<bf16>("untied: dk|dv of the KV group", MEM_ATTENTION, S * kvw2);
+    p.delta_send = A.take<float>("untied: delta send, every chunk", MEM_COMM, (int64_t)p.chunks * S * p.K);
+    p.delta_receive = A.take<float>("untied: delta receive", MEM_COMM, S * p.K);
+    p.heads_delta = A.take<float>("untied: delta, head-sharded", MEM_ATTENTION, S * p.K);
+}
+
+AttentionShape untied_attention_shape(const Model& m) { return chunk_shape(*m.untied); }
+
+void untied_attention_forward(Model& m, int l, cudaStream_t s) {
+    Untied& p = *m.untied;
+    LayerActivations& a = m.layers[l];
+    const LlamaConfig& c = m.cfg;
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
+    for (int i = 0; i < p.chunks; i++) {
+        untied_project(m, p, l, i, s);
+        const AttentionForwardArgs fa{.q = p.heads_q, .k = p.heads_kv, .v = p.heads_kv + kvw, .ldq = w, .ldk = 2 * kvw,
+                                      .ldv = 2 * kvw, .out = p.heads_out, .ldo = w, .lse = a.lse + (int64_t)i * p.K * p.S};
+        layer_attention_forward(m, l, fa, chunk_shape(p), s);
+        // Back to token-sharded, into chunk i's columns of every GPU's share of the output.
+        chunk_all_to_all(m, p, l, p.receive, p.heads_out, p.T * w, DType::BF16, s);
+        blocks_to_columns(a.att, p.receive, p.T, p.sp, w, c.q_dim(), (int64_t)i * w,
+                                  (int64_t)p.q_per_gpu * p.d, s);
+    }
+}
+
+namespace {
+
+// d out of chunk i for every destination GPU j, straight into j's send block: dres times the
+// chunk's columns of Wo (Wo's input gradient, one head chunk at a time, so no full-width d out is
+// kept).
+void chunk_dout(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t w = p.K * p.d;
+    for (int j = 0; j < p.sp; j++) {
+        const int64_t col = q_row(c, p.q_first(j, i));  // the chunk's first column of att and Wo
+        gemm_rm(false, false, p.T, w, p.D, m.dres, p.D, m.w(P_WO, l) + col, c.q_dim(), p.send + (int64_t)j * p.T * w,
+                w, false, 1.f, 0.f, nullptr, s);
+    }
+}
+
+// delta = rowsum(d out * out) of chunk i's heads, on the token-sharded side, from the d out in
+// the send blocks and the output's columns, into the chunk's delta send blocks.
+void chunk_deltas(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
+    const int64_t w = p.K * p.d, QD = m.cfg.q_dim();
+    for (int j = 0; j < p.sp; j++) {
+        const int64_t col = q_row(m.cfg, p.q_first(j, i));
+        token_deltas(p.delta_send + ((int64_t)i * p.sp + j) * p.T * p.K, p.send + (int64_t)j * p.T * w, w,
+                      m.layers[l].att + col, QD, p.T, p.K, (int)p.d, s);
+    }
+}
+
+
+// Chunk i's attention backward: d out and delta to head-sharded, the kernel, dK and dV summed over
+// the chunks of a KV group in place.
+void chunk_attention_backward(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
+    chunk_all_to_all(m, p, l, p.heads_out, p.send, p.T * w, DType::BF16, s);  // d out [S, K d]
+    chunk_all_to_all(m, p, l, p.delta_receive, p.delta_send + (int64_t)i * p.S * p.K, p.T * p.K, DType::F32, s);
+    delta_to_heads(p.heads_delta, p.delta_receive, p.batch, p.seq, p.K, s);
+    const AttentionBackwardArgs ba{.q = p.heads_q, .k = p.heads_kv, .v = p.heads_kv + kvw, .out = nullptr,
+                                   .dout = p.heads_out, .ldq = w, .ldk = 2 * kvw, .ldv = 2 * kvw, .ldo = 0, .lddo = w,
+                                   .lse = m.layers[l].lse + (int64_t)i * p.K * p.S, .dq = p.heads_dq,
+                                   .dk = p.heads_dkv, .dv = p.heads_dkv + kvw, .lddq = w, .lddk = 2 * kvw,
+                                   .lddv = 2 * kvw, .delta = p.heads_delta, .accumulate_dkv = !p.new_kv(i),
+                                   .dq_accum = m.dq_accum};
+    layer_attention_backward(m, l, ba, chunk_shape(p), s);
+}
+
+// dq of chunk i back to token-sharded, RoPE undone; with a complete KV group, dk | dv too
+// (replicated heads add up). Then dxn1 += d q|k|v Wqkv, and the weight gradients token chunk by
+// token chunk against the normalized input, recomputed. `written`: dxn1 holds a sum already.
+void chunk_input_gradients(Model& m, const Untied& p, int l, int i, bf16* dxn1, bool& written, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
+    const bf16* Wqkv = m.w(P_WQKV, l);
+    float* dW = m.g(P_WQKV, l);
+    auto add_dxn1 = [&](const bf16* dy, int64_t ld, const bf16* Wrows, int64_t rows) {  // dxn1 += dy Wrows
+        gemm_rm(false, false, p.T, p.D, rows, dy, ld, Wrows, p.D, dxn1, p.D, false, 1.f, written ? 1.f : 0.f, dxn1, s);
+        written = true;
+    };
+    const bool kv_done = p.last_of_kv(i);
+    chunk_all_to_all(m, p, l, p.receive, p.heads_dq, p.T * w, DType::BF16, s);
+    if (kv_done) chunk_all_to_all(m, p, l, p.kv_send, p.heads_dkv, p.T * 2 * kvw, DType::BF16, s);
+    for (int j = 0; j < p.sp; j++) {
+        bf16* dq = p.receive + (int64_t)j * p.T * w;
+        rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s);
+        add_dxn1(dq, w, Wqkv + q_row(c, p.q_first(j, i)) * p.D, w);
+        if (!kv_done) continue;
+        bf16* dkv = p.kv_send + (int64_t)j * p.T * 2 * kvw;
+        const int g = p.kv_first(j, i);
+        rope_apply(dkv, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, true, s);
+        add_dxn1(dkv, 2 * kvw, Wqkv + k_row(c, g) * p.D, kvw);
+        add_dxn1(dkv + kvw, 2 * kvw, Wqkv + v_row(c, g) * p.D, kvw);
+    }
+    for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
+        for (int j = 0; j < p.sp; j++) {
+            const bf16* dq = p.receive + (int64_t)j * p.T * w + t0 * w;
+            linear_backward_weight(dW + q_row(c, p.q_first(j, i)) * p.D, dq, xn, n, p.D, w, s);
+            if (!kv_done) continue;
+            const bf16* dkv = p.kv_send + (int64_t)j * p.T * 2 * kvw + t0 * 2 * kvw;
+            const int g = p.kv_first(j, i);
+            gemm_rm(true, false, kvw, p.D, n, dkv, 2 * kvw, xn, p.D, dW + k_row(c, g) * p.D, p.D, true, 1.f, 1.f,
+                    nullptr, s);
+            gemm_rm(true, false, kvw, p.D, n, dkv + kvw, 2 * kvw, xn, p.D, dW + v_row(c, g) * p.D, p.D, true, 1.f,
+                    1.f, nullptr, s);
+        }
+    }, s);
+}
+
+}  // namespace
+
+// On entry m.dres holds d loss / d x_mid (the MLP's backward is done; Wo's weight gradient too)
+// and a.att, a.lse the layer's forward. Adds d loss / d x_in into m.dres and the projection and
+// norm gradients into the unit. m.dres stays d loss / d x_mid until the end (every chunk's d out
+// is taken from it), so the attention side's input gradient gathers in dxn1 first.
+void untied_attention_backward(Model& m, int l, cudaStream_t s) {
+    Untied& p = *m.untied;
+    LayerActivations& a = m.layers[l];
+    bf16* dxn1 = p.dxn1 ? p.dxn1 : deltas_first_in_att_output(m, l, s);  // stage 7: beyond/savings.cu
+    bool written = false;
+    for (int i = 0; i < p.chunks; i++) {
+        untied_project(m, p, l, i, s);
+        chunk_dout(m, p, l, i, s);
+        if (p.dxn1) chunk_deltas(m, p, l, i, s);  // (else all taken first)
+        chunk_attention_backward(m, p, l, i, s);
+        chunk_input_gradients(m, p, l, i, dxn1, written, s);
+    }
+    // The attention norm's backward, chunk by chunk (its rstd recomputed): dres += d/dx_in.
+    const int64_t D = p.D;
+    for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16*) {
+        rmsnorm_backward(m.dres + t0 * D, m.g(P_ATTN_NORM, l), dxn1 + t0 * D, a.x_in + t0 * D,
+                         m.w(P_ATTN_NORM, l), a.rstd1, n, (int)D, true, m.norm_partial, s);
+    }, s);
+}
+
+int untied_chunks(const Model& m) { return m.untied->chunks; }
+void untied_chunk_dout(Model& m, int l, int i, cudaStream_t s) { chunk_dout(m, *m.untied, l, i, s); }
+void untied_chunk_deltas(Model& m, int l, int i, cudaStream_t s) { chunk_deltas(m, *m.untied, l, i, s); }
+bf16* untied_staging(const Model& m) { return m.untied->send; }

@@ -1,5 +1,5 @@
-// savings.cu - beyond the talk (ladder stage 7): four memory savings of our own on top of the
-// talk's six techniques, one flag each. --stage 7 turns all four on. None changes what the step
+// beyond/savings.cu - beyond the talk (ladder stage 7): four memory savings of our own on top of
+// the talk's six techniques, one flag each. --stage 7 turns all four on. None changes what the step
 // computes but the head's rounding (below); each takes a buffer the textbook stack holds and
 // finds its bytes elsewhere.
 //
@@ -12,8 +12,8 @@
 //    Cost: a token's loss needs all its logits (their log-sum-exp), so the head takes two
 //    passes over the pieces (lm_head_in_pieces, below): the logits GEMM twice, 2 T D V FLOPs
 //    more per step (0.04% of an 8B step at 3M tokens, 2% at 8K), and d norm(x) summed over the
-//    pieces in bf16, rounded once per piece. Every unit of the step comes in the order
-//    fsdp_unit_order lists (fsdp.cu).
+//    pieces in bf16, rounded once per piece. The head's pieces come into FSDP's order of units
+//    twice (lm_head_pieces_order).
 //
 // 2. --one-offload-slot: the block inputs staged through one device slot instead of two.
 //    A layer's MLP writes the layer's output over its input, chunk by chunk (the output's rows
@@ -39,34 +39,21 @@
 //    4 S K d bytes, are the blocks' size:
 //        attention: 4 S K d -> 0                      (8B at 3M, K = 1: 1.5 GiB)
 //    Cost: none.
-//
-// With all four, Llama 3.1 8B at 3M tokens on 8 GPUs plans 39.1 GiB per GPU where the talk's
-// stack (stage 6) plans 49.2 (the ladder: ./train --ladder --plan --config llama3.1-8b --seq-len 3M).
-//
-// Where stage 7 changes the step:
-//   llama.cu model_declare_buffers   param_layout with --vocab-pieces; savings_plan after the
-//                                    talk's plans
-//   savings_plan                     one staging slot (offload.cu's slot_of: l % 1); Untied's
-//                                    dQ sums without a buffer of their own
-//   llama.cu head_forward_backward   lm_head_in_pieces where the head comes in pieces;
-//                                    embedding_lookup walks the pieces; fsdp.cu fsdp_unit_order
-//   llama.cu layer_forward           offload_before_layer_output: with one slot, the wait for
-//                                    the input's copy before the MLP writes over it
-//   untied.cu untied_declare_buffers, untied_attention_backward
-//                                    dxn1 in the attention output (untied_grad_in_att_output),
-//                                    all deltas first; the staging sized for the dQ sums
 #include "llama.h"
 
+// The plan: offload.cu stages the inputs through one slot (its slot of layer l is l % 1); Untied's
+// normalized-input gradient and the fused dQ sums get no buffers of their own.
 void savings_plan(Model& m) {
     if (m.opt.one_offload_slot && m.plan.x_in == Hold::ON_HOST) m.plan.x_slots = 1;
     if (m.untied && m.opt.dq_sums_in_staging) m.plan.dq_sums_buffer = false;
+    if (untied_grad_in_att_output(m)) m.plan.dxn1_buffer = false;
 }
 
 bool untied_grad_in_att_output(const Model& m) {
-    return m.opt.grad_in_att_output && m.cfg.q_dim() >= m.cfg.dim;
+    return m.untied && m.opt.grad_in_att_output && m.cfg.q_dim() >= m.cfg.dim;
 }
 
-// The LM head in k pieces of vocabulary rows, one unit at a time, in two passes:
+// 1. The LM head in k pieces of vocabulary rows, one unit at a time, in two passes:
 //   the loss:     per piece and loss chunk, logits = norm(x) W_p^T, and per token the running
 //                 max and sum of exponentials, and its target's logit in the piece that has it;
 //                 then per token lse and the loss
@@ -125,4 +112,33 @@ void lm_head_in_pieces(Model& m, cudaStream_t s) {
         CUDA_CHECK(cudaMemcpyAsync(m.dxn, m.dres + t0 * D, n * D * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
         final_norm_backward(m, t0, n, m.dxn, s);
     });
+}
+
+// The units the head acquires: every piece for the loss, then every piece for the backward.
+void lm_head_pieces_order(const Model& m, std::vector<int>& order) {
+    for (int pass = 0; pass < 2; pass++)
+        for (int p = 0; p < m.layout.vocab_pieces(); p++) order.push_back(m.layout.head_unit(p));
+}
+
+// 3. Every head chunk's delta first, the last read of the layer's attention output, whose memory
+// then gathers dxn1 (each chunk's d out is computed again in its turn).
+bf16* deltas_first_in_att_output(Model& m, int l, cudaStream_t s) {
+    for (int i = 0; i < untied_chunks(m); i++) {
+        untied_chunk_dout(m, l, i, s);
+        untied_chunk_deltas(m, l, i, s);
+    }
+    return m.layers[l].att;
+}
+
+// 4. The dQ sums in Untied's staging: while a head chunk's attention backward runs, its send and
+// receive blocks hold nothing (d out has gone to head-sharded, dq comes back after it). The sums
+// also hold a count per query tile, so the staging takes the larger of the two sizes.
+static bool dq_sums_in_staging(const Model& m) { return m.untied && m.opt.fused_attention && !m.plan.dq_sums_buffer; }
+
+int64_t dq_sums_staging_bf16s(const Model& m) {
+    return dq_sums_in_staging(m) ? 2 * attention_dq_accum_floats(untied_attention_shape(m)) : 0;
+}
+
+void savings_declare_buffers(Model& m, Arena&) {
+    if (dq_sums_in_staging(m)) m.dq_accum = (float*)untied_staging(m);
 }

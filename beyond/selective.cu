@@ -1,7 +1,7 @@
-// selective.cu - selective checkpointing within a host budget (--ckpt=selective; beyond the
-// talk, a flag of its own beside stage 7).
+// beyond/selective.cu - selective checkpointing within a host budget (--ckpt=selective; beyond
+// the talk, a flag of its own beside stage 7).
 //
-// Full checkpointing (checkpointing.cu) keeps only each layer's block input and reruns the whole
+// Full checkpointing (offload.cu, stage 3) keeps only each layer's block input and reruns the whole
 // layer's forward in the backward, attention included. At long context attention is most of a
 // layer's compute (forward 1 unit, backward 2.5 units), so its rerun is close to a fifth of the
 // step. --ckpt=selective also keeps each layer's attention output and log-sum-exp, 2 Hq d + 4 Hq
@@ -31,29 +31,11 @@
 //   with --offload:    host + K T (2 Hq d + 4 Hq) - n T 2 D   (K layers' outputs, at most L - 1, n
 //                      inputs rebuilt); device + T (2 Hq d + 4 Hq) (the staging slot)
 //                      + D T (2 Hq d + 4 Hq) (D more layers kept on the device)
-//   8B at 3M on 8 GPUs: 96 + 94.5 GiB of host, every layer's output; at 5M, 160 GiB of inputs
-//   leave 80 for 15 layers, the 80 GiB cap has room for D = 5 more (layers 26-30); with n = 11
-//   inputs rebuilt, 105 + 132 GiB hold K = 26, and all 32 layers keep theirs.
 // Cost: the outputs' copies. Each host layer's output and lse come back exposed before its
 // backward, about twice a block input's copy (0.15 us per token and layer for 8B): under 0.2% of
 // a layer's backward from 1M tokens. A rebuilt input costs layer l-1's Wo and MLP forward, 2 T D
 // (Hq d + 3 F) FLOPs (8B at 5M: 0.9% of a rerun of attention), and one more fetch of layer l-1's
 // input and attention output, exposed.
-//
-// Where --ckpt=selective changes the step:
-//   selective_plan                  att per layer, or (--offload) on the host for the first K
-//                                   layers, on the device for D more, n inputs rebuilt
-//   llama.cu model_declare_buffers  selective_declare_buffers: the D layers' own device slots
-//   llama.cu model_allocate/free    selective_create / _destroy: the pinned host memory
-//   llama.cu layer_forward          selective_before_attention (the staging slot is free) and
-//                                   selective_after_attention (att, lse to the host)
-//   llama.cu layer_backward         selective_recompute_attention in place of checkpointing.cu's
-//   llama.cu backward_layers        selective_before_layer_backward: att, lse back; a rebuilt input
-//   offload.cu                      no host copy of a rebuilt input (selective_input_rebuilt), the
-//                                   host's inputs counted without them
-//   train.cpp keep_attention_on_device   the device's room under the cap (selective_device_layers);
-//                                   every rank keeps the same layers (a rerun takes part in
-//                                   all-to-alls); print_run: selective_plan_text
 #include <algorithm>
 
 #include "llama.h"
@@ -128,12 +110,6 @@ int selective_device_slot(const Model& m, int l) {
     const int first = m.cfg.n_layers - 1 - m.plan.att_device_layers;
     return m.plan.att == Hold::ON_HOST && l >= first && l < m.cfg.n_layers - 1 ? l - first : -1;
 }
-
-bool selective_input_rebuilt(const Model& m, int l) {
-    return m.plan.x_in == Hold::ON_HOST && l % 2 == 1 && l < 2 * m.plan.x_rebuilt_layers;
-}
-
-int selective_inputs_rebuilt_below(const Model& m, int n) { return std::clamp(n / 2, 0, m.plan.x_rebuilt_layers); }
 
 int64_t selective_host_bytes(const Model& m) {
     return m.plan.att == Hold::ON_HOST ? m.plan.att_host_layers * selective_attention_bytes(m) : 0;
@@ -232,27 +208,25 @@ static void fetch_attention(Model& m, int p, bool lse, cudaStream_t s) {
     CUDA_CHECK(cudaStreamWaitEvent(s, sel.fetched, 0));
 }
 
+// Layer l's input is layer l-1's output: layer l-1's input and attention output into the slots,
+// then the rest of its block again (Wo, the MLP; as in the forward, so the same bits).
+static void rebuild_input(Model& m, int l, cudaStream_t s) {
+    offload_fetch_input(m, l - 1, s);
+    fetch_attention(m, l - 1, false, s);  // layer l-1 < K: the wait covers its input's copy too
+    fsdp_acquire(m, m.layout.layer_unit(l - 1), s);  // gathered ahead; released in its own turn
+    TimelineMark mark(m, s, "compute", "input rebuild", l);
+    block_output_forward(m, l - 1, s);
+}
+
 void selective_before_layer_backward(Model& m, int l, cudaStream_t s) {
     if (!m.selective) return;
-    if (selective_input_rebuilt(m, l)) {
-        // Layer l's input is layer l-1's output: layer l-1's input and attention output into the
-        // slots, the rest of its block again (Wo, the MLP; as in the forward, so the same bits),
-        // then layer l's attention output over layer l-1's.
-        offload_fetch_input(m, l - 1, s);
-        fetch_attention(m, l - 1, false, s);  // layer l-1 < K: the wait covers its input's copy too
-        fsdp_wait_gathered(m, m.layout.layer_unit(l - 1), s);
-        {
-            TimelineMark mark(m, s, "compute", "input rebuild", l);
-            block_output_forward(m, l - 1, s);
-        }
-        offload_input_written(m, l);
-    }
-    fetch_attention(m, l, true, s);
+    if (input_rebuilt(m.plan, l)) rebuild_input(m, l, s), offload_input_written(m, l);
+    fetch_attention(m, l, true, s);  // layer l's attention output (over layer l-1's, after a rebuild)
 }
 
 void selective_recompute_attention(Model& m, int l, cudaStream_t s) {
     if (!attention_kept(m, l)) return attention_block_forward(m, l, s);  // beyond the host's and the device's room
     if (m.untied) return;  // Untied's backward projects q|k|v per head chunk itself
-    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { qkv_forward(m, l, t0, t1, s); });
+    qkv_forward(m, l, s);
     if (m.ulysses) ulysses_qkv_to_heads(m, l, s);  // attention's backward reads them head-sharded
 }

@@ -1,4 +1,4 @@
-// comm.cu - the communicator: everything that crosses GPUs goes through one of these.
+// infra/comm.cu - the communicator: everything that crosses GPUs goes through one of these.
 //
 //   NcclComm   one process per GPU, NCCL collectives (all-gather, reduce-scatter, all-reduce,
 //              all-to-all as grouped send/recv). The NCCL unique id travels from rank 0 to the
@@ -8,9 +8,9 @@
 //   LocalComm  --sim-world N: this process is rank 0 of an N-GPU run. Every buffer has the size
 //              it has there and every kernel runs as there; a collective is replaced by a local
 //              copy of rank 0's own part (an all-gather copies its shard into its slot, an
-//              all-to-all keeps its send buffer). FSDP's gathers then get the other ranks' weight
-//              shards drawn from the seed (sim_world_draw_other_shards, below), so the kernels
-//              multiply the values a real rank's would.
+//              all-to-all keeps its send buffer). A gather into one of FSDP's weight slots also
+//              fills the other ranks' shards, drawn from the seed (draw_other_shards, below), so
+//              the kernels multiply the values a real rank's would.
 //              So memory per category is that of one GPU of the N-GPU run and the step time is
 //              its compute; the loss is meaningless.
 //              With N = 1 it is the single-GPU communicator: every collective is the identity.
@@ -46,37 +46,14 @@ static size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
 // copy of this rank's own part. An all-gather puts its shard in its slot (the other slots keep
 // what they held), a reduce-scatter keeps its own contribution to its slot, an all-reduce sums
 // one value, and an all-to-all moves the same bytes as if every rank had sent what this one sends.
-class LocalComm : public Comm {
-  public:
-    explicit LocalComm(int w) {
-        world = w;
-        rank = 0;
-        simulated = w > 1;
-    }
-    void all_gather(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override { copy(out, in, n, t, s); }
-    void reduce_scatter(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
-        copy(out, in, n, t, s);
-    }
-    void all_reduce(void*, int64_t, DType, cudaStream_t) override {}
-    void all_to_all(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
-        copy(out, in, n * world, t, s);
-    }
-    Comm* split() override { return new LocalComm(world); }
-
-  private:
-    static void copy(void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
-        if (out != in) CUDA_CHECK(cudaMemcpyAsync(out, in, n * dtype_size(t), cudaMemcpyDeviceToDevice, s));
-    }
-};
-
-Comm* comm_single() { return new LocalComm(1); }
-Comm* comm_fake(int world) { return new LocalComm(world); }
-
-// Not zeros: on 7/8 zeros the GEMMs and attention kernels multiply zeros, the GPU draws less
-// power, clocks higher under its power limit, and the emulated step runs faster than a real
-// rank's (docs/results.md has the measurement). So a gathered unit holds what a real gather
-// would bring at the start of training: unit u's initial weights, drawn from the seed.
-void sim_world_draw_other_shards(const Model& m, bf16* slot, int u, int64_t shard, int rank, cudaStream_t s) {
+//
+// A gather of FSDP's weights fills the other ranks' shards too, with values, not zeros: on 7/8
+// zeros the GEMMs and attention kernels multiply zeros, the GPU draws less power, clocks higher
+// under its power limit, and the emulated step runs faster than a real rank's (docs/results.md
+// has the measurement). So a gathered unit holds what a real gather would bring at the start of
+// training: unit u's initial weights, drawn from the seed, in the slot's elements outside this
+// rank's shard (shard elements from rank x shard).
+static void draw_other_shards(const Model& m, bf16* slot, int u, int64_t shard, int rank, cudaStream_t s) {
     const ParamLayout& lay = m.layout;
     const int64_t begin = lay.unit_begin[u], end = lay.unit_begin[u + 1];  // the shards' padding is no tensor's
     const int64_t own_lo = std::min(begin + rank * shard, end), own_hi = std::min(own_lo + shard, end);
@@ -86,6 +63,38 @@ void sim_world_draw_other_shards(const Model& m, bf16* slot, int u, int64_t shar
             if (a < b) init_param_values(m, t, a - t.offset, b - a, m.init_seed, nullptr, slot + (a - begin), s);
         }
 }
+
+class LocalComm : public Comm {
+  public:
+    LocalComm(int w, const Model* m) : model(m) {
+        world = w;
+        rank = 0;
+        simulated = w > 1;
+    }
+    void all_gather(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
+        copy(out, in, n, t, s);
+        if (!simulated || !model || t != DType::BF16) return;
+        const int u = fsdp_unit_in_slot(*model, out);  // FSDP's gather of unit u's weights
+        if (u >= 0) draw_other_shards(*model, (bf16*)out, u, n, rank, s);
+    }
+    void reduce_scatter(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
+        copy(out, in, n, t, s);
+    }
+    void all_reduce(void*, int64_t, DType, cudaStream_t) override {}
+    void all_to_all(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
+        copy(out, in, n * world, t, s);
+    }
+    Comm* split() override { return new LocalComm(world, model); }
+
+  private:
+    const Model* model;  // --sim-world: whose FSDP gathers are emulated
+    static void copy(void* out, const void* in, int64_t n, DType t, cudaStream_t s) {
+        if (out != in) CUDA_CHECK(cudaMemcpyAsync(out, in, n * dtype_size(t), cudaMemcpyDeviceToDevice, s));
+    }
+};
+
+Comm* comm_single() { return new LocalComm(1, nullptr); }
+Comm* comm_fake(int world, const Model* model) { return new LocalComm(world, model); }
 
 // =============================================================================================
 static void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {

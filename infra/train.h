@@ -6,7 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "common.h"
+#include "infra/common.h"
+#include "io/files.h"
 #include "llama.h"
 
 struct Options {

@@ -35,7 +35,8 @@
 #include <map>
 #include <sstream>
 
-#include "input_files.h"
+#include "io/files.h"
+#include "io/input_files.h"
 #include "llama.h"
 
 namespace {

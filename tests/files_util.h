@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../io/files.h"
 #include "../llama.h"
 #include "gtest/gtest.h"
 

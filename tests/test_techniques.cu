@@ -262,7 +262,7 @@ TEST_P(Techniques, RebuiltInputsAreCkptBitForBit) {
                     ASSERT_EQ(plan.plan.att_host_layers, K);
                     ASSERT_EQ(plan.plan.att_device_layers, D);
                     for (int l = 0; l < L; l++)
-                        EXPECT_EQ(selective_input_rebuilt(plan, l), l % 2 == 1 && l < 2 * n) << "layer " << l;
+                        EXPECT_EQ(input_rebuilt(plan.plan, l), l % 2 == 1 && l < 2 * n) << "layer " << l;
                     EXPECT_EQ(model_host_bytes(plan), (int64_t)((L - n) * input) + (int64_t)(K * per_layer));
                     StepResult r = run_variant(cfg, o, B, S, seed, D);
                     printf("  %s: %d inputs rebuilt, attention kept on the host for %d and on the device for %d of %d "
@@ -290,7 +290,7 @@ TEST(SimWorld, GatheredUnitsHoldTheWholeModel) {
             m.opt.vocab_pieces = 3;  // the embedding and the LM head span several units (the head's two passes)
             m.opt.fsdp = world > 1;
             m.world = world;
-            if (world > 1) m.comm = comm_fake(world), m.owns_comm = true;
+            if (world > 1) m.comm = comm_fake(world, &m), m.owns_comm = true;
             m.shape.batch = 1, m.shape.seq = 64;
             allocate_on_whole_gpu(m, dm);
             model_init_weights(m, seed, s);
@@ -305,7 +305,7 @@ TEST(SimWorld, GatheredUnitsHoldTheWholeModel) {
         convert_f32_to_bf16(whole, one.master, lay.total, s);
         const std::vector<double> expected = download(whole, lay.total);
         CUDA_CHECK(cudaFree(whole));
-        const std::vector<int> order = fsdp_unit_order(sim);  // the step's: embedding, layers, final norm, head, layers
+        const std::vector<int> order = model_unit_order(sim);  // the step's: embedding, layers, final norm, head, layers
         fsdp_step_begin(sim, s);
         int64_t compared = 0, nonzero = 0, differ = 0, first_differ = -1;
         for (int u : order) {

@@ -1,0 +1,39 @@
+// io/files.h - the files of a run (io/files.cu): Hugging Face checkpoints, token files, the
+// training state. The strict readers of files we did not write are io/input_files.h.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "llama.h"
+
+// ---------------------------------------------------------------------------------------------
+// The config.json of a save: c, and the dtype its weights were written in (bf16 or fp32).
+std::string hf_config_json(const LlamaConfig& c, bool bf16);
+// check_hf_config, the check of a config.json, is in io/input_files.h with the other readers.
+// This GPU's parameters from a HF checkpoint (a .safetensors file, or a directory with
+// model.safetensors or model.safetensors.index.json): every tensor's name and shape checked.
+std::vector<float> read_hf_weights(const Model& m, const std::string& path);
+void check_hf_checkpoint(const Model& m, const std::string& path);  // the same checks, no data read
+void load_hf_checkpoint(Model& m, const std::string& path, cudaStream_t s);  // + bf16, zero moments
+void write_hf_checkpoint(const std::string& dir, const LlamaConfig& c, const ParamLayout& lay, bool bf16, bool lead,
+                         const std::function<std::vector<float>(int)>& unit_data);
+void save_hf_checkpoint(Model& m, const std::string& dir, bool bf16, cudaStream_t s);
+
+struct Mapped;
+struct TokenFile {  // "LLTOKENS", uint32 version 1, uint32 4, uint64 count, count x uint32
+    const uint32_t* tokens = nullptr;
+    uint64_t count = 0;
+    Mapped* map = nullptr;
+    TokenFile(const std::string& path, int vocab);  // every token checked against the vocabulary
+    ~TokenFile();
+    TokenFile(const TokenFile&) = delete;
+    TokenFile& operator=(const TokenFile&) = delete;
+};
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens);
+
+// The whole training state of every GPU (collective). load returns false if dir has none.
+void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t data_state, cudaStream_t s,
+                      double timeout_s);
+bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t* data_state, cudaStream_t s);
