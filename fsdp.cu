@@ -6,7 +6,7 @@
 // units in use: a unit's bf16 copy is made from the fp32 master just before the unit is used,
 // into one of two unit slots (the one in use and the next, prepared ahead on the communication
 // stream while compute runs). A unit is a layer, the final norm, the embedding or the untied LM
-// head (common.h param_layout).
+// head (infra/common.h param_layout).
 //
 // Replicated. Every GPU holds every parameter's model states. Each GPU trains on its own
 // sequences; once a unit's gradient is complete in the backward it is all-reduced (summed) on

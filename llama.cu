@@ -500,7 +500,7 @@ static void declare_head_and_gradients(Model& m, Arena& A) {
     m.xnf = A.take<bf16>("final norm output", MEM_OTHER, m.plan.loss_rows * D);
     m.rstdf = A.take<float>("final rstd", MEM_OTHER, m.plan.loss_rows);
     // Logits of one vocabulary piece (the widest: the whole vocabulary in one piece), and the
-    // running statistics of the head's loss when it comes in several pieces (savings.cu).
+    // running statistics of the head's loss when it comes in several pieces (beyond/savings.cu).
     const ParamLayout& lay = m.layout;
     int64_t piece_width = 0;
     for (int p = 0; p < lay.vocab_pieces(); p++) piece_width = std::max(piece_width, lay.piece_rows(p));
@@ -546,7 +546,7 @@ static void declare_chunk_work_and_inputs(Model& m, Arena& A) {
 }
 
 void model_declare_buffers(Model& m, Arena& A) {
-    m.layout = param_layout(m.cfg, m.opt.vocab_pieces);  // --vocab-pieces: units of vocabulary rows (savings.cu)
+    m.layout = param_layout(m.cfg, m.opt.vocab_pieces);  // --vocab-pieces: units of vocabulary rows (beyond/savings.cu)
     m.ulysses.reset(), m.untied.reset();  // their *_plan make them again when they are on
     // How the step holds its activations: the plain model's plan, then each technique's change.
     m.plan = plain_plan(m);
@@ -555,7 +555,7 @@ void model_declare_buffers(Model& m, Arena& A) {
     offload_plan(m);        // --offload: the block inputs live on the host, staged through two slots
     chunked_plan(m);        // --chunked: layers and the head walk their tokens in chunks
     untied_plan(m);         // --untied: attention's inputs and gradients per head chunk, its own buffers
-    savings_plan(m);        // stage 7's savings (savings.cu): one staging slot, Untied's buffers shared
+    savings_plan(m);        // stage 7's savings (beyond/savings.cu): one staging slot, Untied's buffers shared
     selective_plan(m);      // --ckpt=selective: attention outputs kept too, within the host budget
 
     declare_model_states(m, A);

@@ -250,7 +250,7 @@ void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaS
 // FLOPs of one training step (forward + backward), for TFLOP/s and MFU. Model FLOPs: the
 // recomputation of --ckpt is not counted (MFU's convention).
 double model_step_flops(const LlamaConfig& cfg, const RunShape& shape);
-// The units (common.h param_layout) in the order the step acquires their weights.
+// The units (infra/common.h param_layout) in the order the step acquires their weights.
 std::vector<int> model_unit_order(const Model& m);
 int64_t model_host_bytes(const Model& m);  // pinned host bytes of the step: offloaded activations
 // Floats of one layer's lse: batch x this GPU's query heads (Ulysses: 1/N of them) x seq.
@@ -278,7 +278,7 @@ ParamKind lm_head_kind(const Model& m);  // P_LM_HEAD, or P_EMBED with tied embe
 // ---------------------------------------------------------------------------------------------
 // Stage 1 (fsdp.cu): parameters replicated (gradients all-reduced) or fully sharded (--fsdp).
 // A unit is a piece of the embedding, a layer, the final norm or a piece of the LM head
-// (common.h param_layout).
+// (infra/common.h param_layout).
 int64_t fsdp_local_params(const ParamLayout& lay, bool sharded, int world);  // elements per GPU
 void fsdp_declare_buffers(Model& m, Arena& A);  // the two bf16 unit slots (comm under --fsdp, else model), gradient slots
 void fsdp_create(Model& m);

@@ -1,6 +1,6 @@
 // train.cpp - the training program: its flags, the data, the memory plan without a GPU, and the
 // run: set up the model on this process's GPU, train, log, write the files asked for.
-// The process launcher is launch.cpp; the memory ladder (--ladder) is ladder.cpp.
+// The process launcher is infra/launch.cpp; the memory ladder (--ladder) is infra/ladder.cpp.
 //
 //   ./train --config llama3.2-3b --seq-len 8K --steps 20      train, print one line a step
 //   ./train --config llama3.1-8b --seq-len 64K --plan         the memory plan, no GPU needed
@@ -92,7 +92,7 @@ static const char* SECTIONS[] = {
     "Optimization (AdamW, fp32 master weights and moments, bf16 compute)",
     "GPUs",
     "The talk's memory techniques (ladder stages 1-6: docs/design.md; each computes the same loss and gradients)",
-    "Beyond the talk (ladder stage 7, our memory savings: savings.cu; selective checkpointing: selective.cu)",
+    "Beyond the talk (ladder stage 7, our memory savings: beyond/savings.cu; selective checkpointing: beyond/selective.cu)",
     "Kernels",
     "Files",
     "Memory and output",
@@ -104,165 +104,162 @@ static std::string path(V flag, V value) {
     if (value.empty()) usage_error(flag + " needs a path, got an empty one");
     return value;
 }
-static const std::vector<Flag>& flags() {
-    static const std::vector<Flag> table = {
-        {"--config", Takes::VALUE, " NAME", 0, "known: see below (default llama3.2-3b)", [](Options& o, V, V v) { o.config = v; }},
-        {"--layers", Takes::VALUE, " N", 0, "override the number of transformer layers",
-         [](Options& o, V f, V v) { o.layers = (int)parse_int(f, v, 1, 100000); }},
-        {"--seq-len", Takes::VALUE, " N", 0, "tokens per sequence; suffixes K (x1024) and M (x1024^2), e.g. 8K, 3M (default 8K)",
-         [](Options& o, V f, V v) { o.seq_len = parse_tokens(f, v); }},
-        {"--batch", Takes::VALUE, " N", 0, "sequences per step (default 1)", [](Options& o, V f, V v) { o.batch = (int)parse_int(f, v, 1, 1 << 20); }},
-        {"--task", Takes::VALUE, " copy|induction|random", 0,
-         "synthetic data: copy = the second half repeats the first (only that half is scored);\n"
-         "induction = the same with the first half's tokens all different, so each one of the\n"
-         "second half is found by looking up the token before it in the first half, however far\n"
-         "back (an induction head); random = uniform tokens (default copy)",
-         [](Options& o, V, V v) { o.task = v; }},
-        {"--task-vocab", Takes::VALUE, " N", 0,
-         "synthetic tokens are drawn from [0, N) (default min(1024, vocabulary); induction: the vocabulary)",
-         [](Options& o, V f, V v) { o.task_vocab = (int)parse_int(f, v, 2, 1 << 30); }},
-        {"--seed", Takes::VALUE, " N", 0, "weights and data; the same seed gives the same losses (default 1234)",
-         [](Options& o, V f, V v) { o.seed = (uint64_t)parse_int(f, v, 0, INT64_MAX); }},
-        {"--steps", Takes::VALUE, " N", 1, "training steps (default 10)", [](Options& o, V f, V v) { o.steps = (int)parse_int(f, v, 0, 1 << 30); }},
-        {"--lr", Takes::VALUE, " X", 1, "peak learning rate (default 3e-4)", [](Options& o, V f, V v) { o.lr = parse_double(f, v, 0.0, 10.0); }},
-        {"--min-lr-ratio", Takes::VALUE, " X", 1, "cosine decay ends at lr * X (default 0.1)",
-         [](Options& o, V f, V v) { o.min_lr_ratio = parse_double(f, v, 0.0, 1.0); }},
-        {"--warmup", Takes::VALUE, " N", 1, "linear warmup steps (default steps/10, at least 1)",
-         [](Options& o, V f, V v) { o.warmup = (int)parse_int(f, v, 0, 1 << 30); }},
-        {"--weight-decay", Takes::VALUE, " X", 1, "decoupled, matrices only (default 0.1)",
-         [](Options& o, V f, V v) { o.weight_decay = parse_double(f, v, 0.0, 10.0); }},
-        {"--grad-clip", Takes::VALUE, " X", 1, "global gradient-norm clip, 0 = off (default 1.0)",
-         [](Options& o, V f, V v) { o.grad_clip = parse_double(f, v, 0.0, 1e9); }},
-        {"--nproc", Takes::VALUE, " N", 2, "start N processes, one per visible GPU (under mpirun/srun: leave out, ranks come from them)",
-         [](Options& o, V f, V v) { o.nproc = (int)parse_int(f, v, 1, 4096), o.gpus_given = true; }},
-        {"--sim-world", Takes::VALUE, " N", 2,
-         "run rank 0's exact share of an N-GPU run on this one GPU (memory and compute per GPU;\n"
-         "collectives become local copies, the loss is meaningless)",
-         [](Options& o, V f, V v) { o.sim_world = (int)parse_int(f, v, 1, 1 << 20), o.gpus_given = true; }},
-        {"--comm-timeout-s", Takes::VALUE, " X", 2, "a step waiting longer than this on its peers ends the run (default 600)",
-         [](Options& o, V f, V v) { o.comm_timeout_s = parse_double(f, v, 1.0, 1e7); }},
-        {"--stage", Takes::VALUE, " N", 3,
-         "turn on stages 1..N of the ladder: 1 --fsdp, 2 --ulysses, 3 --ckpt, 4 --offload, 5 --chunked,\n"
-         "6 --untied (the talk), 7 our memory savings (below)",
-         [](Options& o, V f, V v) { o.stage = (int)parse_int(f, v, 0, 7); }},
-        {"--ladder", Takes::NOTHING, "", 3,
-         "every stage of the ladder: planned memory per GPU, fits or OOM, longest context under the\n"
-         "cap (default 80 GiB); without --plan each stage also runs (--steps steps, as a child\n"
-         "process) and its measured memory and step time are shown against the plan. Runs on the\n"
-         "talk's node unless --nproc or --sim-world says otherwise: 8 GPUs planned; measured, 8\n"
-         "processes where 8 GPUs are visible, else one GPU as rank 0 of 8 (--sim-world 8)",
-         [](Options& o, V, V) { o.ladder = true; }},
-        {"--measure-layers", Takes::VALUE, " N", 3, "with --ladder: run the stages' steps with N layers (full depth is planned)",
-         [](Options& o, V f, V v) { o.measure_layers = (int)parse_int(f, v, 1, 100000); }},
-        {"--confirm-longest", Takes::NOTHING, "", 3, "with --ladder: allocate each stage's longest context (and see 1K more refused)",
-         [](Options& o, V, V) { o.confirm_longest = true; }},
-        {"--fsdp", Takes::NOTHING, "", 3, "shard parameters, gradients and AdamW states over the GPUs (per layer, gathered when used)",
-         [](Options& o, V, V) { o.step.fsdp = true; }},
-        {"--ulysses", Takes::NOTHING, "", 3, "split one sequence over the GPUs; all-to-all to head-sharded attention and back",
-         [](Options& o, V, V) { o.step.ulysses = true; }},
-        {"--ckpt", Takes::OPTIONAL_VALUE, "[=full]", 3,
-         "activation checkpointing: keep only block inputs and recompute each layer in the backward",
-         [](Options& o, V f, V v) {
-             if (!v.empty() && v != "selective" && v != "full")
-                 usage_error(f + " takes no value, or =selective, or =full; got '" + v + "'");
-             o.step.ckpt = true, o.step.selective = v == "selective";
-         }},
-        {"--offload", Takes::NOTHING, "", 3, "block inputs live in pinned host memory, prefetched for the backward (implies --ckpt)",
-         [](Options& o, V, V) { o.step.offload = true; }},
-        {"--chunked", Takes::NOTHING, "", 3, "MLP, element-wise ops and the LM head + loss in token chunks",
-         [](Options& o, V, V) { o.step.chunked = true; }},
-        {"--untied", Takes::OPTIONAL_VALUE, "[=K]", 3,
-         "Untied Ulysses: attention in chunks of K query heads per GPU, one reused buffer set\n"
-         "(default K = 1; implies --ckpt)",
-         [](Options& o, V f, V v) { o.step.untied = v.empty() ? 1 : (int)parse_int(f, v, 1, 1 << 16); }},
-        {"--chunk-tokens", Takes::VALUE, " N", 3, "tokens per chunk of a layer (default: the hidden size)",
-         [](Options& o, V f, V v) { o.step.chunk_tokens = parse_tokens(f, v); }},
-        {"--loss-chunk-tokens", Takes::VALUE, " N", 3, "tokens per chunk of the LM head and loss (default: logits near 1 GiB)",
-         [](Options& o, V f, V v) { o.step.loss_chunk_tokens = parse_tokens(f, v); }},
-        {"--vocab-pieces", Takes::OPTIONAL_VALUE, "[=N]", 4,
-         "the embedding and LM head in N units of vocabulary rows (default: as few as keep each\n"
-         "within about a layer's size, 3 for Llama 3.1 8B); FSDP's slots then hold a layer, and the\n"
-         "head takes two passes. Without it (or with N = 1) they are whole units, as in the talk",
-         [](Options& o, V f, V v) { o.step.vocab_pieces = v.empty() ? 0 : (int)parse_int(f, v, 1, 1 << 20), o.vocab_pieces_given = true; }},
-        {"--one-offload-slot", Takes::NOTHING, "", 4,
-         "with --offload: the block inputs staged through one device slot, not two; the MLP writes a\n"
-         "layer's output over its input, and the backward cannot fetch the next input ahead",
-         [](Options& o, V, V) { o.step.one_offload_slot = true; }},
-        {"--grad-in-att-output", Takes::NOTHING, "", 4,
-         "with --untied: the gradient of the normalized input in the attention output's memory\n"
-         "(every head chunk's delta taken first)",
-         [](Options& o, V, V) { o.step.grad_in_att_output = true; }},
-        {"--dq-sums-in-staging", Takes::NOTHING, "", 4,
-         "with --untied and the fused backward: its fp32 dQ sums in the all-to-all staging",
-         [](Options& o, V, V) { o.step.dq_sums_in_staging = true; }},
-        {"--ckpt=selective", Takes::NOTHING, "", 4,
-         "selective checkpointing: also keep each layer's attention output and lse, so the backward\n"
-         "reruns q|k|v but not attention; with --offload on the host within --host-mem-gib, then on\n"
-         "the device in the room the cap leaves, and the other layers rerun attention", nullptr},
-        {"--host-mem-gib", Takes::VALUE, " X", 4,
-         "pinned host memory per GPU that --offload may plan (default 240: one GPU's share of an\n"
-         "8-GPU node's 2 TB)",
-         [](Options& o, V f, V v) { o.step.host_mem_gib = parse_double(f, v, 0.0, 1e9); }},
-        {"--device-keep-gib", Takes::VALUE, " X", 4,
-         "device memory that --ckpt=selective --offload may fill with attention outputs the host\n"
-         "cannot hold (default: all the cap leaves, less 1 GiB; 0: none)",
-         [](Options& o, V f, V v) { o.step.device_keep_gib = parse_double(f, v, 0.0, 1e6); }},
-        {"--rebuild-inputs", Takes::VALUE, " N", 4,
-         "at most N block inputs that --ckpt=selective --offload leaves off the host, to keep more\n"
-         "attention outputs there: the backward rebuilds each from the layer below's input and\n"
-         "attention output (default: as many as keep more; 0: none)",
-         [](Options& o, V f, V v) { o.step.rebuild_inputs = (int)parse_int(f, v, 0, 1 << 20); }},
-        {"--attention", Takes::VALUE, " auto|fast|fused|reference", 5,
-         "fast = attention_hopper.cu (wgmma + TMA; head dim 128 on an\n"
-         "sm_90 GPU, else the reference) with the lean backward (two kernels, no extra buffer);\n"
-         "fused = the same with dQ added in fp32 inside the dK/dV kernel (about 10% faster backward\n"
-         "from 16K tokens, 4 bytes per dQ element more); reference = attention.cu; auto (default) =\n"
-         "fused where its dQ sums fit under the cap, else fast. All are bit-reproducible; auto's\n"
-         "choice depends on the free memory, so give fast or fused to reproduce a run bit for bit\n"
-         "elsewhere. --ladder plans and runs auto as fast",
-         [](Options& o, V f, V v) {
-             if (v != "auto" && v != "fast" && v != "fused" && v != "reference")
-                 usage_error(f + " must be 'auto', 'fast', 'fused' or 'reference', got '" + v + "'");
-             o.attention = v, o.step.fused_attention = v == "fused";
-         }},
-        {"--init-from", Takes::VALUE, " PATH", 6, "start from a Hugging Face checkpoint (model.safetensors, a directory, or a sharded index)",
-         [](Options& o, V f, V v) { o.init_from = path(f, v); }},
-        {"--save-to", Takes::VALUE, " DIR", 6, "at the end, write a Hugging Face checkpoint (model.safetensors + config.json) to DIR",
-         [](Options& o, V f, V v) { o.save_to = path(f, v); }},
-        {"--save-dtype", Takes::VALUE, " bf16|fp32", 6, "dtype of --save-to (default bf16)", [](Options& o, V, V v) { o.save_dtype = v; }},
-        {"--data", Takes::VALUE, " FILE", 6, "train on a token file (random windows; format in the README) instead of --task",
-         [](Options& o, V f, V v) { o.data_path = path(f, v); }},
-        {"--state-dir", Takes::VALUE, " DIR", 6, "the whole training state goes here, atomically, every --state-every steps",
-         [](Options& o, V f, V v) { o.state_dir = path(f, v); }},
-        {"--state-every", Takes::VALUE, " N", 6, "save the training state every N steps (and at the last step)",
-         [](Options& o, V f, V v) { o.state_every = (int)parse_int(f, v, 1, 1 << 30); }},
-        {"--resume", Takes::NOTHING, "", 6, "continue from the latest training state in --state-dir (fresh start if none)",
-         [](Options& o, V, V) { o.resume = true; }},
-        {"--mem-cap-gib", Takes::VALUE, " X", 7, "refuse what a card of X GiB could not hold (emulates an 80 GB H100 on an H200)",
-         [](Options& o, V f, V v) { o.mem_cap_gib = parse_double(f, v, 0.001, 1e6); }},
-        {"--plan", Takes::NOTHING, "", 7, "print the memory plan per category and exit (no GPU needed)", [](Options& o, V, V) { o.plan = true; }},
-        {"--log", Takes::VALUE, " FILE", 7, "write one JSON object per step (plus one for the setup) to FILE",
-         [](Options& o, V f, V v) { o.log_path = path(f, v); }},
-        {"--dump", Takes::VALUE, " FILE", 7, "write the first step's loss and every gradient (whole, float32) to FILE",
-         [](Options& o, V f, V v) { o.dump_path = path(f, v); }},
-        {"--timeline", Takes::VALUE, " FILE", 7,
-         "write the last step's event timeline as JSON: each layer's forward and backward,\n"
-         "its attention kernels, all-to-alls and MLP, FSDP's collectives, offload's copies",
-         [](Options& o, V f, V v) { o.timeline_path = path(f, v); }},
-        {"--mem-trace", Takes::VALUE, " FILE", 7, "write live memory per category (and pinned host) over the last step, as JSON lines",
-         [](Options& o, V f, V v) { o.mem_trace_path = path(f, v); }},
-        {"--peak-tflops", Takes::VALUE, " X", 7, "bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)",
-         [](Options& o, V f, V v) { o.peak_tflops = parse_double(f, v, 0.001, 1e6); }},
-        {"--help", Takes::NOTHING, "", 7, "this text", [](Options& o, V, V) { o.help = true; }},
-    };
-    return table;
-}
+static const std::vector<Flag> FLAGS = {
+    {"--config", Takes::VALUE, " NAME", 0, "known: see below (default llama3.2-3b)", [](Options& o, V, V v) { o.config = v; }},
+    {"--layers", Takes::VALUE, " N", 0, "override the number of transformer layers",
+     [](Options& o, V f, V v) { o.layers = (int)parse_int(f, v, 1, 100000); }},
+    {"--seq-len", Takes::VALUE, " N", 0, "tokens per sequence; suffixes K (x1024) and M (x1024^2), e.g. 8K, 3M (default 8K)",
+     [](Options& o, V f, V v) { o.seq_len = parse_tokens(f, v); }},
+    {"--batch", Takes::VALUE, " N", 0, "sequences per step (default 1)", [](Options& o, V f, V v) { o.batch = (int)parse_int(f, v, 1, 1 << 20); }},
+    {"--task", Takes::VALUE, " copy|induction|random", 0,
+     "synthetic data: copy = the second half repeats the first (only that half is scored);\n"
+     "induction = the same with the first half's tokens all different, so each one of the\n"
+     "second half is found by looking up the token before it in the first half, however far\n"
+     "back (an induction head); random = uniform tokens (default copy)",
+     [](Options& o, V, V v) { o.task = v; }},
+    {"--task-vocab", Takes::VALUE, " N", 0,
+     "synthetic tokens are drawn from [0, N) (default min(1024, vocabulary); induction: the vocabulary)",
+     [](Options& o, V f, V v) { o.task_vocab = (int)parse_int(f, v, 2, 1 << 30); }},
+    {"--seed", Takes::VALUE, " N", 0, "weights and data; the same seed gives the same losses (default 1234)",
+     [](Options& o, V f, V v) { o.seed = (uint64_t)parse_int(f, v, 0, INT64_MAX); }},
+    {"--steps", Takes::VALUE, " N", 1, "training steps (default 10)", [](Options& o, V f, V v) { o.steps = (int)parse_int(f, v, 0, 1 << 30); }},
+    {"--lr", Takes::VALUE, " X", 1, "peak learning rate (default 3e-4)", [](Options& o, V f, V v) { o.lr = parse_double(f, v, 0.0, 10.0); }},
+    {"--min-lr-ratio", Takes::VALUE, " X", 1, "cosine decay ends at lr * X (default 0.1)",
+     [](Options& o, V f, V v) { o.min_lr_ratio = parse_double(f, v, 0.0, 1.0); }},
+    {"--warmup", Takes::VALUE, " N", 1, "linear warmup steps (default steps/10, at least 1)",
+     [](Options& o, V f, V v) { o.warmup = (int)parse_int(f, v, 0, 1 << 30); }},
+    {"--weight-decay", Takes::VALUE, " X", 1, "decoupled, matrices only (default 0.1)",
+     [](Options& o, V f, V v) { o.weight_decay = parse_double(f, v, 0.0, 10.0); }},
+    {"--grad-clip", Takes::VALUE, " X", 1, "global gradient-norm clip, 0 = off (default 1.0)",
+     [](Options& o, V f, V v) { o.grad_clip = parse_double(f, v, 0.0, 1e9); }},
+    {"--nproc", Takes::VALUE, " N", 2, "start N processes, one per visible GPU (under mpirun/srun: leave out, ranks come from them)",
+     [](Options& o, V f, V v) { o.nproc = (int)parse_int(f, v, 1, 4096), o.gpus_given = true; }},
+    {"--sim-world", Takes::VALUE, " N", 2,
+     "run rank 0's exact share of an N-GPU run on this one GPU (memory and compute per GPU;\n"
+     "collectives become local copies, the loss is meaningless)",
+     [](Options& o, V f, V v) { o.sim_world = (int)parse_int(f, v, 1, 1 << 20), o.gpus_given = true; }},
+    {"--comm-timeout-s", Takes::VALUE, " X", 2, "a step waiting longer than this on its peers ends the run (default 600)",
+     [](Options& o, V f, V v) { o.comm_timeout_s = parse_double(f, v, 1.0, 1e7); }},
+    {"--stage", Takes::VALUE, " N", 3,
+     "turn on stages 1..N of the ladder: 1 --fsdp, 2 --ulysses, 3 --ckpt, 4 --offload, 5 --chunked,\n"
+     "6 --untied (the talk), 7 our memory savings (below)",
+     [](Options& o, V f, V v) { o.stage = (int)parse_int(f, v, 0, 7); }},
+    {"--ladder", Takes::NOTHING, "", 3,
+     "every stage of the ladder: planned memory per GPU, fits or OOM, longest context under the\n"
+     "cap (default 80 GiB); without --plan each stage also runs (--steps steps, as a child\n"
+     "process) and its measured memory and step time are shown against the plan. Runs on the\n"
+     "talk's node unless --nproc or --sim-world says otherwise: 8 GPUs planned; measured, 8\n"
+     "processes where 8 GPUs are visible, else one GPU as rank 0 of 8 (--sim-world 8)",
+     [](Options& o, V, V) { o.ladder = true; }},
+    {"--measure-layers", Takes::VALUE, " N", 3, "with --ladder: run the stages' steps with N layers (full depth is planned)",
+     [](Options& o, V f, V v) { o.measure_layers = (int)parse_int(f, v, 1, 100000); }},
+    {"--confirm-longest", Takes::NOTHING, "", 3, "with --ladder: allocate each stage's longest context (and see 1K more refused)",
+     [](Options& o, V, V) { o.confirm_longest = true; }},
+    {"--fsdp", Takes::NOTHING, "", 3, "shard parameters, gradients and AdamW states over the GPUs (per layer, gathered when used)",
+     [](Options& o, V, V) { o.step.fsdp = true; }},
+    {"--ulysses", Takes::NOTHING, "", 3, "split one sequence over the GPUs; all-to-all to head-sharded attention and back",
+     [](Options& o, V, V) { o.step.ulysses = true; }},
+    {"--ckpt", Takes::OPTIONAL_VALUE, "[=full]", 3,
+     "activation checkpointing: keep only block inputs and recompute each layer in the backward",
+     [](Options& o, V f, V v) {
+         if (!v.empty() && v != "selective" && v != "full")
+             usage_error(f + " takes no value, or =selective, or =full; got '" + v + "'");
+         o.step.ckpt = true, o.step.selective = v == "selective";
+     }},
+    {"--offload", Takes::NOTHING, "", 3, "block inputs live in pinned host memory, prefetched for the backward (implies --ckpt)",
+     [](Options& o, V, V) { o.step.offload = true; }},
+    {"--chunked", Takes::NOTHING, "", 3, "MLP, element-wise ops and the LM head + loss in token chunks",
+     [](Options& o, V, V) { o.step.chunked = true; }},
+    {"--untied", Takes::OPTIONAL_VALUE, "[=K]", 3,
+     "Untied Ulysses: attention in chunks of K query heads per GPU, one reused buffer set\n"
+     "(default K = 1; implies --ckpt)",
+     [](Options& o, V f, V v) { o.step.untied = v.empty() ? 1 : (int)parse_int(f, v, 1, 1 << 16); }},
+    {"--chunk-tokens", Takes::VALUE, " N", 3, "tokens per chunk of a layer (default: the hidden size)",
+     [](Options& o, V f, V v) { o.step.chunk_tokens = parse_tokens(f, v); }},
+    {"--loss-chunk-tokens", Takes::VALUE, " N", 3, "tokens per chunk of the LM head and loss (default: logits near 1 GiB)",
+     [](Options& o, V f, V v) { o.step.loss_chunk_tokens = parse_tokens(f, v); }},
+    {"--vocab-pieces", Takes::OPTIONAL_VALUE, "[=N]", 4,
+     "the embedding and LM head in N units of vocabulary rows (default: as few as keep each\n"
+     "within about a layer's size, 3 for Llama 3.1 8B); FSDP's slots then hold a layer, and the\n"
+     "head takes two passes. Without it (or with N = 1) they are whole units, as in the talk",
+     [](Options& o, V f, V v) { o.step.vocab_pieces = v.empty() ? 0 : (int)parse_int(f, v, 1, 1 << 20), o.vocab_pieces_given = true; }},
+    {"--one-offload-slot", Takes::NOTHING, "", 4,
+     "with --offload: the block inputs staged through one device slot, not two; the MLP writes a\n"
+     "layer's output over its input, and the backward cannot fetch the next input ahead",
+     [](Options& o, V, V) { o.step.one_offload_slot = true; }},
+    {"--grad-in-att-output", Takes::NOTHING, "", 4,
+     "with --untied: the gradient of the normalized input in the attention output's memory\n"
+     "(every head chunk's delta taken first)",
+     [](Options& o, V, V) { o.step.grad_in_att_output = true; }},
+    {"--dq-sums-in-staging", Takes::NOTHING, "", 4,
+     "with --untied and the fused backward: its fp32 dQ sums in the all-to-all staging",
+     [](Options& o, V, V) { o.step.dq_sums_in_staging = true; }},
+    {"--ckpt=selective", Takes::NOTHING, "", 4,
+     "selective checkpointing: also keep each layer's attention output and lse, so the backward\n"
+     "reruns q|k|v but not attention; with --offload on the host within --host-mem-gib, then on\n"
+     "the device in the room the cap leaves, and the other layers rerun attention", nullptr},
+    {"--host-mem-gib", Takes::VALUE, " X", 4,
+     "pinned host memory per GPU that --offload may plan (default 240: one GPU's share of an\n"
+     "8-GPU node's 2 TB)",
+     [](Options& o, V f, V v) { o.step.host_mem_gib = parse_double(f, v, 0.0, 1e9); }},
+    {"--device-keep-gib", Takes::VALUE, " X", 4,
+     "device memory that --ckpt=selective --offload may fill with attention outputs the host\n"
+     "cannot hold (default: all the cap leaves, less 1 GiB; 0: none)",
+     [](Options& o, V f, V v) { o.step.device_keep_gib = parse_double(f, v, 0.0, 1e6); }},
+    {"--rebuild-inputs", Takes::VALUE, " N", 4,
+     "at most N block inputs that --ckpt=selective --offload leaves off the host, to keep more\n"
+     "attention outputs there: the backward rebuilds each from the layer below's input and\n"
+     "attention output (default: as many as keep more; 0: none)",
+     [](Options& o, V f, V v) { o.step.rebuild_inputs = (int)parse_int(f, v, 0, 1 << 20); }},
+    {"--attention", Takes::VALUE, " auto|fast|fused|reference", 5,
+     "fast = kernels/attention_hopper.cu (wgmma + TMA; head dim 128 on an\n"
+     "sm_90 GPU, else the reference) with the lean backward (two kernels, no extra buffer);\n"
+     "fused = the same with dQ added in fp32 inside the dK/dV kernel (about 10% faster backward\n"
+     "from 16K tokens, 4 bytes per dQ element more); reference = kernels/attention.cu; auto (default) =\n"
+     "fused where its dQ sums fit under the cap, else fast. All are bit-reproducible; auto's\n"
+     "choice depends on the free memory, so give fast or fused to reproduce a run bit for bit\n"
+     "elsewhere. --ladder plans and runs auto as fast",
+     [](Options& o, V f, V v) {
+         if (v != "auto" && v != "fast" && v != "fused" && v != "reference")
+             usage_error(f + " must be 'auto', 'fast', 'fused' or 'reference', got '" + v + "'");
+         o.attention = v, o.step.fused_attention = v == "fused";
+     }},
+    {"--init-from", Takes::VALUE, " PATH", 6, "start from a Hugging Face checkpoint (model.safetensors, a directory, or a sharded index)",
+     [](Options& o, V f, V v) { o.init_from = path(f, v); }},
+    {"--save-to", Takes::VALUE, " DIR", 6, "at the end, write a Hugging Face checkpoint (model.safetensors + config.json) to DIR",
+     [](Options& o, V f, V v) { o.save_to = path(f, v); }},
+    {"--save-dtype", Takes::VALUE, " bf16|fp32", 6, "dtype of --save-to (default bf16)", [](Options& o, V, V v) { o.save_dtype = v; }},
+    {"--data", Takes::VALUE, " FILE", 6, "train on a token file (random windows; format in the README) instead of --task",
+     [](Options& o, V f, V v) { o.data_path = path(f, v); }},
+    {"--state-dir", Takes::VALUE, " DIR", 6, "the whole training state goes here, atomically, every --state-every steps",
+     [](Options& o, V f, V v) { o.state_dir = path(f, v); }},
+    {"--state-every", Takes::VALUE, " N", 6, "save the training state every N steps (and at the last step)",
+     [](Options& o, V f, V v) { o.state_every = (int)parse_int(f, v, 1, 1 << 30); }},
+    {"--resume", Takes::NOTHING, "", 6, "continue from the latest training state in --state-dir (fresh start if none)",
+     [](Options& o, V, V) { o.resume = true; }},
+    {"--mem-cap-gib", Takes::VALUE, " X", 7, "refuse what a card of X GiB could not hold (emulates an 80 GB H100 on an H200)",
+     [](Options& o, V f, V v) { o.mem_cap_gib = parse_double(f, v, 0.001, 1e6); }},
+    {"--plan", Takes::NOTHING, "", 7, "print the memory plan per category and exit (no GPU needed)", [](Options& o, V, V) { o.plan = true; }},
+    {"--log", Takes::VALUE, " FILE", 7, "write one JSON object per step (plus one for the setup) to FILE",
+     [](Options& o, V f, V v) { o.log_path = path(f, v); }},
+    {"--dump", Takes::VALUE, " FILE", 7, "write the first step's loss and every gradient (whole, float32) to FILE",
+     [](Options& o, V f, V v) { o.dump_path = path(f, v); }},
+    {"--timeline", Takes::VALUE, " FILE", 7,
+     "write the last step's event timeline as JSON: each layer's forward and backward,\n"
+     "its attention kernels, all-to-alls and MLP, FSDP's collectives, offload's copies",
+     [](Options& o, V f, V v) { o.timeline_path = path(f, v); }},
+    {"--mem-trace", Takes::VALUE, " FILE", 7, "write live memory per category (and pinned host) over the last step, as JSON lines",
+     [](Options& o, V f, V v) { o.mem_trace_path = path(f, v); }},
+    {"--peak-tflops", Takes::VALUE, " X", 7, "bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)",
+     [](Options& o, V f, V v) { o.peak_tflops = parse_double(f, v, 0.001, 1e6); }},
+    {"--help", Takes::NOTHING, "", 7, "this text", [](Options& o, V, V) { o.help = true; }},
+};
 
 std::string usage_text() {
     std::string out = "usage: train [flags]\n";
     for (int section = 0; section < (int)(sizeof SECTIONS / sizeof SECTIONS[0]); section++) {
         out += std::string("\n") + SECTIONS[section] + "\n";
-        for (const Flag& f : flags()) {
+        for (const Flag& f : FLAGS) {
             if (f.section != section) continue;
             std::string left = std::string("  ") + f.name + f.shape, text = f.help;
             if (f.name == std::string("--config")) text = known_config_names() + " (default llama3.2-3b)";
@@ -275,7 +272,7 @@ std::string usage_text() {
 }
 
 static const Flag& find_flag(const std::string& name, const char* as_typed) {
-    for (const Flag& f : flags())
+    for (const Flag& f : FLAGS)
         if (f.set && name == f.name) return f;
     if (name == "-h") return find_flag("--help", as_typed);
     usage_error("unknown flag '" + std::string(as_typed) + "' (see --help)");
@@ -676,7 +673,7 @@ static double gpu_peak_tflops(const Options& o, const cudaDeviceProp& prop) {
 static bool g_symmetric_phase = true;
 
 const char* FUSED_NEEDS_FAST_KERNELS =
-    "--attention fused needs the fast kernels (head dim 128 on an sm_90 GPU); this run would use attention.cu's";
+    "--attention fused needs the fast kernels (head dim 128 on an sm_90 GPU); this run would use kernels/attention.cu's";
 
 struct Run {
     Options o;

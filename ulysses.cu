@@ -107,7 +107,7 @@ void ulysses_check(const LlamaConfig& c, const RunShape& sh) {
 }
 
 void ulysses_plan(Model& m) {
-    if (m.shape.sp <= 1 || m.opt.untied) return;  // --untied: untied.cu holds its own buffers
+    if (m.shape.sp <= 1 || m.opt.untied) return;  // --untied: Untied Ulysses holds its own (below)
     m.ulysses = std::make_shared<Ulysses>();
     m.plan.dqkv_buffer = false;  // it is unpacked into the send staging
 }

@@ -1,10 +1,10 @@
 // bench/attention.cu - forward and backward TFLOP/s of the attention kernels the model uses
-// (attention_hopper.cu on Hopper, head dim 128), each shape first checked against attention.cu's
-// reference kernels on the same inputs.
+// (kernels/attention_hopper.cu on Hopper, head dim 128), each shape first checked against
+// kernels/attention.cu's reference kernels on the same inputs.
 //
-//   build/bench_attention [--seqs 8K,16K,64K,128K,1M] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8,untied] [--reference]
-//                         [--no-check]
-//                         [--separate] [--json FILE]
+//   build/bench_attention [--seqs 8K,16K,64K,128K,1M] [--reps N] [--warmup N]
+//                         [--shapes 3B,8B,3B-U8,8B-U8,untied] [--reference] [--no-check]
+//                         [--separate] [--input-std Q,K,V,DO] [--json FILE]
 //
 // Shapes: Llama 3.2 3B (24 query / 8 KV heads) and Llama 3.1 8B (32 / 8), and (3B-U8, 8B-U8,
 // untied; not by default) their heads on one of eight Ulysses ranks (3 / 1 and 4 / 1), and one
@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -106,165 +107,222 @@ static Timing time_kernels(const AttentionForwardArgs& fa, const AttentionBackwa
     return {median(tf), median(tb)};
 }
 
-static int bench_main(int argc, char** argv) {
+struct Shape {
+    const char *key, *name;
+    int hq, hkv;
+};
+static const Shape KNOWN_SHAPES[] = {{"3B", "3B 24/8", 24, 8}, {"8B", "8B 32/8", 32, 8}, {"3B-U8", "3B-U8 3/1", 3, 1},
+                                     {"8B-U8", "8B-U8 4/1", 4, 1}, {"untied", "untied 1/1", 1, 1}};
+
+struct BenchOptions {
     std::vector<int64_t> seqs = {8192, 16384, 65536, 131072};
     int reps = 10, warmup = 2;
-    struct Shape { const char *key, *name; int hq, hkv; };
-    const Shape known[] = {{"3B", "3B 24/8", 24, 8}, {"8B", "8B 32/8", 32, 8}, {"3B-U8", "3B-U8 3/1", 3, 1}, {"8B-U8", "8B-U8 4/1", 4, 1},
-                           {"untied", "untied 1/1", 1, 1}};
-    std::vector<Shape> shapes = {known[0], known[1]};
+    std::vector<Shape> shapes = {KNOWN_SHAPES[0], KNOWN_SHAPES[1]};
     bool time_reference = false, check = true, separate = false;
     float input_std[4] = {1, 1, 1, 1};  // q, k, v, dO
     std::string json;
+};
+
+static const char* USAGE =
+    "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8,untied] "
+    "[--reference] [--no-check] [--separate] [--input-std Q,K,V,DO] [--json FILE]";
+
+static std::vector<Shape> parse_shapes(const std::string& list) {
+    std::vector<Shape> shapes;
+    for (const std::string& key : split_commas(list)) {
+        const Shape* found = nullptr;
+        for (const Shape& k : KNOWN_SHAPES)
+            if (key == k.key) found = &k;
+        if (!found) usage_error("--shapes takes a list of 3B, 8B, 3B-U8, 8B-U8, untied, got '" + key + "'");
+        shapes.push_back(*found);
+    }
+    return shapes;
+}
+
+static BenchOptions parse_bench_options(int argc, char** argv) {
+    BenchOptions o;
     for (int i = 1; i < argc; i++) {
-        std::string a = argv[i];
-        if (a == "--seqs" && i + 1 < argc) {
-            seqs.clear();
-            for (const std::string& s : split_commas(argv[++i])) seqs.push_back(parse_tokens("--seqs", s));
-        } else if (a == "--reps" && i + 1 < argc) {
-            reps = std::max(1, atoi(argv[++i]));
-        } else if (a == "--shapes" && i + 1 < argc) {
-            shapes.clear();
-            for (const std::string& key : split_commas(argv[++i])) {
-                const Shape* found = nullptr;
-                for (const Shape& k : known)
-                    if (key == k.key) found = &k;
-                if (!found) {
-                    fprintf(stderr, "bench_attention: --shapes takes a list of 3B, 8B, 3B-U8, 8B-U8, untied, got '%s'\n", key.c_str());
-                    return 2;
-                }
-                shapes.push_back(*found);
-            }
-        } else if (a == "--warmup" && i + 1 < argc) {
-            warmup = std::max(0, atoi(argv[++i]));
-        } else if (a == "--json" && i + 1 < argc) {
-            json = argv[++i];
+        const std::string a = argv[i];
+        const bool value = i + 1 < argc;
+        if (a == "--seqs" && value) {
+            o.seqs.clear();
+            for (const std::string& s : split_commas(argv[++i])) o.seqs.push_back(parse_tokens("--seqs", s));
+        } else if (a == "--reps" && value) {
+            o.reps = std::max(1, atoi(argv[++i]));
+        } else if (a == "--shapes" && value) {
+            o.shapes = parse_shapes(argv[++i]);
+        } else if (a == "--warmup" && value) {
+            o.warmup = std::max(0, atoi(argv[++i]));
+        } else if (a == "--json" && value) {
+            o.json = argv[++i];
         } else if (a == "--reference") {
-            time_reference = true;
+            o.time_reference = true;
         } else if (a == "--no-check") {
-            check = false;
+            o.check = false;
         } else if (a == "--separate") {
-            separate = true;
-        } else if (a == "--input-std" && i + 1 < argc) {
+            o.separate = true;
+        } else if (a == "--input-std" && value) {
             const std::vector<std::string> v = split_commas(argv[++i]);
             bool ok = v.size() == 4;
-            for (int j = 0; ok && j < 4; j++) ok = (input_std[j] = strtof(v[j].c_str(), nullptr)) > 0;
-            if (!ok) {
-                fprintf(stderr, "bench_attention: --input-std takes four positive numbers Q,K,V,DO, got '%s'\n", argv[i]);
-                return 2;
-            }
+            for (int j = 0; ok && j < 4; j++) ok = (o.input_std[j] = strtof(v[j].c_str(), nullptr)) > 0;
+            if (!ok) usage_error("--input-std takes four positive numbers Q,K,V,DO, got '" + std::string(argv[i]) + "'");
         } else {
-            fprintf(stderr, "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8,untied] [--reference] [--no-check] [--separate] [--input-std Q,K,V,DO] [--json FILE]\n");
-            return 2;
+            usage_error(USAGE);
         }
     }
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        fprintf(stderr, "bench_attention: no CUDA GPU\n");
-        return 1;
+    return o;
+}
+
+// One shape's inputs and outputs: q|k|v as one [S, Hq d + 2 Hkv d] buffer (the model's fused
+// projection), out and d out [S, Hq d], d q|k|v, lse, delta; random normal inputs drawn in fp32 and
+// rounded to bf16, each part scaled by its --input-std.
+struct Buffers {
+    AttentionShape sh;
+    int64_t qd, kd, ld;
+    bf16 *qkv = nullptr, *out = nullptr, *dout = nullptr, *dqkv = nullptr;
+    float *lse = nullptr, *delta = nullptr;
+    Buffers(const Shape& shape, int64_t S, const float input_std[4]) {
+        const int d = 128;
+        sh = {1, S, shape.hq, shape.hkv, d};
+        qd = (int64_t)shape.hq * d, kd = (int64_t)shape.hkv * d, ld = qd + 2 * kd;
+        CUDA_CHECK(cudaMalloc(&qkv, S * ld * 2));
+        CUDA_CHECK(cudaMalloc(&dqkv, S * ld * 2));
+        CUDA_CHECK(cudaMalloc(&out, S * qd * 2));
+        CUDA_CHECK(cudaMalloc(&dout, S * qd * 2));
+        CUDA_CHECK(cudaMalloc(&lse, S * shape.hq * 4));
+        CUDA_CHECK(cudaMalloc(&delta, S * shape.hq * 4));
+        float* scratch;
+        CUDA_CHECK(cudaMalloc(&scratch, S * ld * 4));
+        init_normal(scratch, S * ld, 1.0f, 1, 0);
+        scale_columns_kernel<<<1024, 256>>>(scratch, S * ld, ld, qd, qd + kd, input_std[0], input_std[1], input_std[2]);
+        CUDA_CHECK_LAUNCH();
+        convert_f32_to_bf16(qkv, scratch, S * ld, 0);
+        init_normal(scratch, S * qd, input_std[3], 2, 0);
+        convert_f32_to_bf16(dout, scratch, S * qd, 0);
+        CUDA_CHECK(cudaFree(scratch));
     }
+    ~Buffers() { cudaFree(qkv), cudaFree(dqkv), cudaFree(out), cudaFree(dout), cudaFree(lse), cudaFree(delta); }
+    Buffers(const Buffers&) = delete;
+    Buffers& operator=(const Buffers&) = delete;
+    AttentionForwardArgs forward() const {
+        return {.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .ldq = ld, .ldk = ld, .ldv = ld, .out = out, .ldo = qd,
+                .lse = lse};
+    }
+    AttentionBackwardArgs backward() const {
+        return {.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .out = out, .dout = dout, .ldq = ld, .ldk = ld, .ldv = ld,
+                .ldo = qd, .lddo = qd, .lse = lse, .dq = dqkv, .dk = dqkv + qd, .dv = dqkv + qd + kd, .lddq = ld,
+                .lddk = ld, .lddv = ld, .delta = delta};
+    }
+};
+
+// The reference kernels' out, lse, d q|k|v on the same inputs, in buffers of their own.
+struct Reference {
+    bf16 *out = nullptr, *dqkv = nullptr;
+    float* lse = nullptr;
+    explicit Reference(const Buffers& b) {
+        const int64_t S = b.sh.seq;
+        CUDA_CHECK(cudaMalloc(&out, S * b.qd * 2));
+        CUDA_CHECK(cudaMalloc(&dqkv, S * b.ld * 2));
+        CUDA_CHECK(cudaMalloc(&lse, S * b.sh.n_heads * 4));
+        AttentionForwardArgs fr = b.forward();
+        fr.out = out, fr.lse = lse;
+        AttentionBackwardArgs br = b.backward();
+        br.out = out, br.lse = lse, br.dq = dqkv, br.dk = dqkv + b.qd, br.dv = dqkv + b.qd + b.kd;
+        attention_forward_reference(fr, b.sh, 0);
+        attention_backward_reference(br, b.sh, 0);
+    }
+    ~Reference() { cudaFree(out), cudaFree(dqkv), cudaFree(lse); }
+    Reference(const Reference&) = delete;
+    Reference& operator=(const Reference&) = delete;
+};
+
+// The kernels under test into poisoned buffers, against the reference: relative L2 errors of out,
+// lse, dq, dk, dv (err[5]); whether each is within its bound.
+static bool check_kernels(const Buffers& b, const AttentionBackwardArgs& ba, const Reference& ref, double err[5]) {
+    const int64_t S = b.sh.seq, qd = b.qd, kd = b.kd, ld = b.ld;
+    CUDA_CHECK(cudaMemset(b.out, 0xff, S * qd * 2));
+    CUDA_CHECK(cudaMemset(b.dqkv, 0xff, S * ld * 2));
+    CUDA_CHECK(cudaMemset(b.lse, 0xff, S * b.sh.n_heads * 4));
+    if (ba.dq_accum) CUDA_CHECK(cudaMemset(ba.dq_accum, 0xff, attention_dq_accum_floats(b.sh) * 4));
+    attention_forward(b.forward(), b.sh, 0);
+    attention_backward(ba, b.sh, 0);
+    err[0] = rel_error(b.out, ref.out, S, qd, qd);
+    err[1] = rel_error(b.lse, ref.lse, 1, S * b.sh.n_heads, 0);
+    err[2] = rel_error(b.dqkv, ref.dqkv, S, qd, ld);
+    err[3] = rel_error(b.dqkv + qd, ref.dqkv + qd, S, kd, ld);
+    err[4] = rel_error(b.dqkv + qd + kd, ref.dqkv + qd + kd, S, kd, ld);
+    return err[0] < 1e-2 && err[1] < 1e-5 && err[2] < 1e-2 && err[3] < 1e-2 && err[4] < 1e-2;
+}
+
+// One line of the table, and of the --json file.
+static void report(const BenchOptions& o, FILE* jf, const char* gpu, const char* which, const Shape& shape,
+                   const AttentionShape& sh, Timing tm, const std::string& note, const double* err) {
+    const double flops = attention_forward_flops(sh);
+    const double tff = flops / (tm.fwd_ms * 1e-3) / 1e12, tfb = 2.5 * flops / (tm.bwd_ms * 1e-3) / 1e12;
+    printf("%-10s %-9s %8lld %9.3f %9.1f %9.3f %9.1f  %s\n", which, shape.name, (long long)sh.seq, tm.fwd_ms, tff,
+           tm.bwd_ms, tfb, note.c_str());
+    if (jf)
+        fprintf(jf,
+                "{\"kernels\": \"%s\", \"shape\": \"%s\", \"seq\": %lld, \"fwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
+                "\"bwd_ms\": %.4f, \"bwd_tflops\": %.2f, \"timing\": \"%s\", \"checked\": %s, "
+                "\"rel_err\": [%.3e, %.3e, %.3e, %.3e, %.3e], \"gpu\": \"%s\"}\n",
+                which, shape.name, (long long)sh.seq, tm.fwd_ms, tff, tm.bwd_ms, tfb,
+                o.separate ? "separate" : "alternating", err ? "true" : "false", err ? err[0] : 0, err ? err[1] : 0,
+                err ? err[2] : 0, err ? err[3] : 0, err ? err[4] : 0, gpu);
+    fflush(stdout);
+}
+
+// One shape at one length: the kernels the model uses, checked and timed. The fast kernels run
+// twice, with the deterministic backward and with the fused one (dQ added in fp32 inside the
+// dK/dV kernel; --attention fused); the reference kernels run once (--reference: timed too).
+// Returns how many variants differ from the reference.
+static int bench_shape(const BenchOptions& o, FILE* jf, const char* gpu, const Shape& shape, int64_t S) {
+    const Buffers b(shape, S, o.input_std);
+    const bool fast = attention_uses_hopper(b.sh);
+    float* dq_accum = nullptr;
+    if (fast) CUDA_CHECK(cudaMalloc(&dq_accum, attention_dq_accum_floats(b.sh) * 4));
+    std::unique_ptr<Reference> ref(o.check ? new Reference(b) : nullptr);
+    int failed = 0;
+    for (int variant = 0; variant < (fast ? 2 : 1); variant++) {
+        AttentionBackwardArgs ba = b.backward();
+        ba.dq_accum = variant == 1 ? dq_accum : nullptr;
+        std::string verdict = "not checked";
+        double err[5] = {0, 0, 0, 0, 0};
+        if (ref) {
+            const bool ok = check_kernels(b, ba, *ref, err);
+            failed += !ok;
+            char buf[160];
+            snprintf(buf, sizeof buf, "out %.1e lse %.1e dq %.1e dk %.1e dv %.1e %s", err[0], err[1], err[2], err[3],
+                     err[4], ok ? "ok" : "MISMATCH");
+            verdict = buf;
+        }
+        const Timing tm = time_kernels(b.forward(), ba, b.sh, o.reps, o.warmup, o.separate);
+        report(o, jf, gpu, variant == 1 ? "fused" : fast ? "hopper" : "reference", shape, b.sh, tm, verdict,
+               ref ? err : nullptr);
+    }
+    if (o.time_reference && fast) {
+        attention_use_reference(true);
+        report(o, jf, gpu, "reference", shape, b.sh, time_kernels(b.forward(), b.backward(), b.sh, o.reps, o.warmup, o.separate),
+               "", nullptr);
+        attention_use_reference(false);
+    }
+    cudaFree(dq_accum);
+    return failed;
+}
+
+static int bench_main(int argc, char** argv) {
+    const BenchOptions o = parse_bench_options(argc, argv);
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) runtime_error("no CUDA GPU");
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    FILE* jf = json.empty() ? nullptr : fopen(json.c_str(), "w");
-    printf("attention on %s, bf16, causal, head dim 128, median of %d\n", prop.name, reps);
+    FILE* jf = o.json.empty() ? nullptr : open_output(o.json, "--json");
+    printf("attention on %s, bf16, causal, head dim 128, median of %d\n", prop.name, o.reps);
     printf("%-10s %-9s %8s %9s %9s %9s %9s  %s\n", "kernels", "shape", "seq", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
            "check against the reference (relative L2 error)");
     int failed = 0;
-    for (const Shape& shp : shapes)
-        for (int64_t S : seqs) {
-            const int d = 128;
-            const int64_t qd = (int64_t)shp.hq * d, kd = (int64_t)shp.hkv * d, ld = qd + 2 * kd;
-            bf16 *qkv, *out, *dout, *dqkv, *out_ref = nullptr, *dqkv_ref = nullptr;
-            float *lse, *delta, *lse_ref = nullptr;
-            CUDA_CHECK(cudaMalloc(&qkv, S * ld * 2));
-            CUDA_CHECK(cudaMalloc(&dqkv, S * ld * 2));
-            CUDA_CHECK(cudaMalloc(&out, S * qd * 2));
-            CUDA_CHECK(cudaMalloc(&dout, S * qd * 2));
-            CUDA_CHECK(cudaMalloc(&lse, S * shp.hq * 4));
-            CUDA_CHECK(cudaMalloc(&delta, S * shp.hq * 4));
-            float* scratch;  // random normal inputs, drawn in fp32 and rounded to bf16
-            CUDA_CHECK(cudaMalloc(&scratch, S * ld * 4));
-            init_normal(scratch, S * ld, 1.0f, 1, 0);
-            scale_columns_kernel<<<1024, 256>>>(scratch, S * ld, ld, qd, qd + kd, input_std[0], input_std[1], input_std[2]);
-            CUDA_CHECK_LAUNCH();
-            convert_f32_to_bf16(qkv, scratch, S * ld, 0);
-            init_normal(scratch, S * qd, input_std[3], 2, 0);
-            convert_f32_to_bf16(dout, scratch, S * qd, 0);
-            CUDA_CHECK(cudaFree(scratch));
-            AttentionShape sh{1, S, shp.hq, shp.hkv, d};
-            AttentionForwardArgs fa{.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .ldq = ld, .ldk = ld, .ldv = ld,
-                                    .out = out, .ldo = qd, .lse = lse};
-            AttentionBackwardArgs ba{.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .out = out, .dout = dout, .ldq = ld,
-                                     .ldk = ld, .ldv = ld, .ldo = qd, .lddo = qd, .lse = lse, .dq = dqkv,
-                                     .dk = dqkv + qd, .dv = dqkv + qd + kd, .lddq = ld, .lddk = ld, .lddv = ld,
-                                     .delta = delta};
-            const char* kernels = attention_uses_hopper(sh) ? "hopper" : "reference";
-
-            // The fast kernels twice: the deterministic backward, and the fused one (dQ added in
-            // fp32 inside the dK/dV kernel; --attention fused). The reference kernels run once.
-            float* dq_accum = nullptr;
-            const bool fast = std::string(kernels) == "hopper";
-            if (fast) CUDA_CHECK(cudaMalloc(&dq_accum, attention_dq_accum_floats(sh) * 4));
-            if (check) {  // the reference kernels into their own buffers
-                CUDA_CHECK(cudaMalloc(&out_ref, S * qd * 2));
-                CUDA_CHECK(cudaMalloc(&dqkv_ref, S * ld * 2));
-                CUDA_CHECK(cudaMalloc(&lse_ref, S * shp.hq * 4));
-                AttentionForwardArgs fr = fa;
-                fr.out = out_ref, fr.lse = lse_ref;
-                AttentionBackwardArgs br = ba;
-                br.out = out_ref, br.lse = lse_ref, br.dq = dqkv_ref, br.dk = dqkv_ref + qd, br.dv = dqkv_ref + qd + kd;
-                attention_forward_reference(fr, sh, 0);
-                attention_backward_reference(br, sh, 0);
-            }
-            const double flops = attention_forward_flops(sh);
-            auto report = [&](const char* which, Timing tm, const std::string& note, const double* err) {
-                const double tff = flops / (tm.fwd_ms * 1e-3) / 1e12, tfb = 2.5 * flops / (tm.bwd_ms * 1e-3) / 1e12;
-                printf("%-10s %-9s %8lld %9.3f %9.1f %9.3f %9.1f  %s\n", which, shp.name, (long long)S, tm.fwd_ms, tff,
-                       tm.bwd_ms, tfb, note.c_str());
-                if (jf)
-                    fprintf(jf, "{\"kernels\": \"%s\", \"shape\": \"%s\", \"seq\": %lld, \"fwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
-                                "\"bwd_ms\": %.4f, \"bwd_tflops\": %.2f, \"timing\": \"%s\", \"checked\": %s, "
-                                "\"rel_err\": [%.3e, %.3e, %.3e, %.3e, %.3e], "
-                                "\"gpu\": \"%s\"}\n",
-                            which, shp.name, (long long)S, tm.fwd_ms, tff, tm.bwd_ms, tfb, separate ? "separate" : "alternating", err ? "true" : "false",
-                            err ? err[0] : 0, err ? err[1] : 0, err ? err[2] : 0, err ? err[3] : 0, err ? err[4] : 0, prop.name);
-                fflush(stdout);
-            };
-            for (int variant = 0; variant < (fast ? 2 : 1); variant++) {
-                AttentionBackwardArgs bv = ba;
-                bv.dq_accum = variant == 1 ? dq_accum : nullptr;
-                std::string verdict = "not checked";
-                double err[5] = {0, 0, 0, 0, 0};
-                if (check) {  // the kernels under test into poisoned buffers
-                    CUDA_CHECK(cudaMemset(out, 0xff, S * qd * 2));
-                    CUDA_CHECK(cudaMemset(dqkv, 0xff, S * ld * 2));
-                    CUDA_CHECK(cudaMemset(lse, 0xff, S * shp.hq * 4));
-                    if (dq_accum && variant == 1) CUDA_CHECK(cudaMemset(dq_accum, 0xff, attention_dq_accum_floats(sh) * 4));
-                    attention_forward(fa, sh, 0);
-                    attention_backward(bv, sh, 0);
-                    err[0] = rel_error(out, out_ref, S, qd, qd);
-                    err[1] = rel_error(lse, lse_ref, 1, S * shp.hq, 0);
-                    err[2] = rel_error(dqkv, dqkv_ref, S, qd, ld);
-                    err[3] = rel_error(dqkv + qd, dqkv_ref + qd, S, kd, ld);
-                    err[4] = rel_error(dqkv + qd + kd, dqkv_ref + qd + kd, S, kd, ld);
-                    const bool ok = err[0] < 1e-2 && err[1] < 1e-5 && err[2] < 1e-2 && err[3] < 1e-2 && err[4] < 1e-2;
-                    failed += !ok;
-                    char buf[160];
-                    snprintf(buf, sizeof buf, "out %.1e lse %.1e dq %.1e dk %.1e dv %.1e %s", err[0], err[1], err[2],
-                             err[3], err[4], ok ? "ok" : "MISMATCH");
-                    verdict = buf;
-                }
-                report(variant == 1 ? "fused" : kernels, time_kernels(fa, bv, sh, reps, warmup, separate), verdict, check ? err : nullptr);
-            }
-            if (time_reference && fast) {
-                attention_use_reference(true);
-                report("reference", time_kernels(fa, ba, sh, reps, warmup, separate), "", nullptr);
-                attention_use_reference(false);
-            }
-            cudaFree(dq_accum);
-            cudaFree(qkv), cudaFree(dqkv), cudaFree(out), cudaFree(dout), cudaFree(lse), cudaFree(delta);
-            cudaFree(out_ref), cudaFree(dqkv_ref), cudaFree(lse_ref);
-        }
+    for (const Shape& shape : o.shapes)
+        for (int64_t S : o.seqs) failed += bench_shape(o, jf, prop.name, shape, S);
     if (jf) fclose(jf);
     if (failed) fprintf(stderr, "bench_attention: %d shape(s) differ from the reference kernels\n", failed);
     return failed ? 1 : 0;

@@ -3,7 +3,7 @@
 # repository root after make; each part's log and JSON lines go to $OUT (default gpu_logs/attention).
 #
 #   PARTS="bench torch" (the default) bash bench/attention_gpu.sh
-#   bench     build/bench_attention (each shape checked against attention.cu first) -> attention.jsonl
+#   bench     build/bench_attention (each shape checked against kernels/attention.cu first) -> attention.jsonl
 #   torch     bench/attention_vs_torch.py, PyTorch SDPA flash and cuDNN on the same shapes -> torch.jsonl
 #   separate  both, timing all the forwards, then all the backwards -> *_separate.jsonl
 #   hopper    build/bench_attention_hopper --bench --seqs $HSEQS (16K): the backward's kernels apart

@@ -25,6 +25,7 @@
 // pessimistic; its L2 holds Q and dO only (the fused kernel's fp32 sums, 32 KB per step, go
 // through L2 too); its hit rate counts Q/dO reads only, Nsight Compute's counts every sector.
 // What it predicted, and how that compared with the kernels: docs/attention.md.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -62,116 +63,154 @@ struct Lru {
     }
 };
 
-int main(int argc, char** argv) {
+// The command line: SEQ [KV_HEADS] [GROUP] [RULE] [SIGMA] [IN_STEP] [GRID] [L2_TILES] [WALK].
+struct SimOptions {
+    int64_t seq = 0, in_step = 6, l2_tiles = 1600, chunk = 1;
+    int kv_heads = 8, group = 3;
+    const char *rule = "any", *grid = "kt";
+    double sigma = 0.01;
+    bool ordered = false, stepped = false, by_tiles = false;
+};
+
+static bool parse_sim_options(int argc, char** argv, SimOptions& o) {
     if (argc < 2) {
-        fprintf(stderr, "usage: schedule_sim SEQ [KV_HEADS] [GROUP] [any|ordered|in-step] [SIGMA] [IN_STEP] [kt|kv|cW] [L2_TILES] [heads|tiles]\n");
-        return 2;
+        fprintf(stderr, "usage: schedule_sim SEQ [KV_HEADS] [GROUP] [any|ordered|in-step] [SIGMA] [IN_STEP] [kt|kv|cW] "
+                        "[L2_TILES] [heads|tiles]\n");
+        return false;
     }
-    const int64_t seq = atoll(argv[1]);
-    const int kv_heads = argc > 2 ? atoi(argv[2]) : 8, group = argc > 3 ? atoi(argv[3]) : 3;
-    const char* rule = argc > 4 ? argv[4] : "any";
-    const double sigma = argc > 5 ? atof(argv[5]) : 0.01;
-    const int64_t in_step = argc > 6 ? atoll(argv[6]) : 6;
+    o.seq = atoll(argv[1]);
+    if (argc > 2) o.kv_heads = atoi(argv[2]);
+    if (argc > 3) o.group = atoi(argv[3]);
+    if (argc > 4) o.rule = argv[4];
+    if (argc > 5) o.sigma = atof(argv[5]);
+    if (argc > 6) o.in_step = atoll(argv[6]);
     // GRID: kt = key tile major, kv = KV head major, cW = in chunks of W key tiles, KV head by
     // KV head within a chunk (kt is c1; kv is cN for N key tiles).
-    const char* grid = argc > 7 ? argv[7] : "kt";
-    const bool kv_major = strcmp(grid, "kv") == 0;
-    const int64_t l2_tiles = argc > 8 ? atoll(argv[8]) : 1600;
+    if (argc > 7) o.grid = argv[7];
+    if (argc > 8) o.l2_tiles = atoll(argv[8]);
     // WALK: heads = each query head's tiles from the diagonal up, head after head (the
     // deterministic dK/dV kernel's); tiles = from the last query tile down to the diagonal, all
     // heads of a tile in turn (the fused kernel's).
-    const bool by_tiles = argc > 9 && strcmp(argv[9], "tiles") == 0;
-    const bool ordered = strcmp(rule, "any") != 0, stepped = strcmp(rule, "in-step") == 0;
-    const int SMS = 132;
-    if (seq < 128 || seq % 128 != 0 || kv_heads < 1 || group < 1 || l2_tiles < 1 || sigma < 0 || in_step < 0) {
+    o.by_tiles = argc > 9 && strcmp(argv[9], "tiles") == 0;
+    o.ordered = strcmp(o.rule, "any") != 0, o.stepped = strcmp(o.rule, "in-step") == 0;
+    if (o.seq < 128 || o.seq % 128 != 0 || o.kv_heads < 1 || o.group < 1 || o.l2_tiles < 1 || o.sigma < 0 || o.in_step < 0) {
         fprintf(stderr, "schedule_sim: SEQ must be a positive multiple of 128, the counts and L2_TILES positive\n");
-        return 2;
+        return false;
     }
-    const int64_t n_qt = seq / 64, n_kt = seq / 128, n_blocks = n_kt * kv_heads;
-    const int64_t chunk = grid[0] == 'c' ? std::min<int64_t>(std::max<int64_t>(atoll(grid + 1), 1), n_kt) : kv_major ? n_kt : 1;
+    const int64_t n_kt = o.seq / 128;
+    o.chunk = o.grid[0] == 'c' ? std::min<int64_t>(std::max<int64_t>(atoll(o.grid + 1), 1), n_kt)
+              : strcmp(o.grid, "kv") == 0 ? n_kt
+                                         : 1;
+    return true;
+}
 
-    std::vector<Block> sm(SMS);
-    std::vector<int> on_sm(n_blocks, -1);  // the SM a block runs on; -1 not started or done
-    Lru l2((int64_t)kv_heads * group * n_qt, l2_tiles);
-    std::mt19937_64 rng(1);
-    std::normal_distribution<double> speed(1.0, sigma);
+// The SMs, the blocks on them, L2, and the events of an SM's current tile being done.
+struct Simulation {
+    static constexpr int SMS = 132;
+    const SimOptions o;
+    const int64_t n_qt, n_kt, n_blocks;
+    std::vector<Block> sm;
+    std::vector<int> on_sm;  // the SM a block runs on; -1 not started or done
+    Lru l2;
+    std::mt19937_64 rng{1};
+    std::normal_distribution<double> speed;
     using Event = std::pair<double, int>;  // (time the SM's current tile is done, SM)
     std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
     int64_t next_block = 0, reads = 0, hits = 0;
 
-    auto position = [&](const Block& b) { return by_tiles ? (n_qt - 1 - b.qt) * group + b.head : b.head * n_qt + b.qt; };
-    auto neighbour = [&](const Block& b, int64_t dk) -> const Block* {
+    explicit Simulation(const SimOptions& opt)
+        : o(opt), n_qt(opt.seq / 64), n_kt(opt.seq / 128), n_blocks(n_kt * opt.kv_heads), sm(SMS),
+          on_sm(n_blocks, -1), l2((int64_t)opt.kv_heads * opt.group * n_qt, opt.l2_tiles), speed(1.0, opt.sigma) {}
+
+    int64_t position(const Block& b) const {
+        return o.by_tiles ? (n_qt - 1 - b.qt) * o.group + b.head : b.head * n_qt + b.qt;
+    }
+    const Block* neighbour(const Block& b, int64_t dk) const {
         const int64_t kt = b.kt + dk;
         if (kt < 0 || kt >= n_kt) return nullptr;
-        const int s = on_sm[kt * kv_heads + b.kv];
+        const int s = on_sm[kt * o.kv_heads + b.kv];
         return s < 0 ? nullptr : &sm[s];
-    };
-    auto must_wait = [&](const Block& b) {
+    }
+    bool must_wait(const Block& b) const {
         const Block* before = neighbour(b, -1);
-        if (ordered && before && position(*before) <= position(b)) return true;
+        if (o.ordered && before && position(*before) <= position(b)) return true;
         const Block* after = neighbour(b, +1);
-        return stepped && after && (by_tiles || after->head == b.head) && position(*after) < position(b) - in_step;
-    };
-    auto try_go = [&](int s, double t) {
+        return o.stepped && after && (o.by_tiles || after->head == b.head) && position(*after) < position(b) - o.in_step;
+    }
+    void try_go(int s, double t) {
         Block& b = sm[s];
         b.waiting = must_wait(b);
         if (!b.waiting) events.push({t + 1.0 / b.speed, s});
-    };
-    auto wake_neighbours = [&](const Block& b, double t) {
+    }
+    void wake_neighbours(const Block& b, double t) {
         for (int64_t dk : {-1, 1}) {
             const Block* n = neighbour(b, dk);
             if (n && n->waiting) try_go((int)(n - sm.data()), t);
         }
-    };
-    auto start = [&](int s, double t) {
+    }
+    // The next block of the grid on SM s. Chunk c holds key tiles c*chunk.. (the last chunk may
+    // be shorter), KV head by KV head.
+    void start(int s, double t) {
         Block& b = sm[s];
         b.id = -1;
         if (next_block >= n_blocks) return;
         b.id = next_block++, b.head = 0;
-        // Chunk c holds key tiles c*chunk.. (the last chunk may be shorter), KV head by KV head.
-        const int64_t full = n_kt / chunk, per_chunk = chunk * kv_heads;
+        const int64_t full = n_kt / o.chunk, per_chunk = o.chunk * o.kv_heads;
         const bool in_full = b.id < full * per_chunk;
         const int64_t c = in_full ? b.id / per_chunk : full, r = in_full ? b.id % per_chunk : b.id - full * per_chunk;
-        const int64_t len = in_full ? chunk : n_kt - full * chunk;
-        b.kv = (int)(r / len), b.kt = c * chunk + r % len;
-        b.qt = by_tiles ? n_qt - 1 : 2 * b.kt;
+        const int64_t len = in_full ? o.chunk : n_kt - full * o.chunk;
+        b.kv = (int)(r / len), b.kt = c * o.chunk + r % len;
+        b.qt = o.by_tiles ? n_qt - 1 : 2 * b.kt;
         b.speed = std::max(0.5, speed(rng));
-        on_sm[b.kt * kv_heads + b.kv] = s;
+        on_sm[b.kt * o.kv_heads + b.kv] = s;
         try_go(s, t);
         wake_neighbours(b, t);
-    };
-
-    for (int s = 0; s < SMS; s++) start(s, 0.0);
-    double end = 0;
-    while (!events.empty()) {
-        const auto [t, s] = events.top();
-        events.pop();
-        Block& b = sm[s];
-        reads++, hits += l2.read(((int64_t)b.kv * group + b.head) * n_qt + b.qt), end = t;
-        bool done;
-        if (by_tiles) {
-            if (++b.head == group) b.head = 0, b.qt--;
-            done = b.qt < 2 * b.kt;
-        } else {
-            if (++b.qt == n_qt && ++b.head < group) b.qt = 2 * b.kt;
-            done = b.head == group;
-        }
-        if (done) {  // the next block in the grid takes the SM
-            on_sm[b.kt * kv_heads + b.kv] = -1;
-            const Block done = b;
-            start(s, t);
-            wake_neighbours(done, t);
-            continue;
-        }
-        wake_neighbours(b, t);
-        try_go(s, t);
     }
+    // Block b's next tile; whether the block is done.
+    bool step(Block& b) {
+        if (o.by_tiles) {
+            if (++b.head == o.group) b.head = 0, b.qt--;
+            return b.qt < 2 * b.kt;
+        }
+        if (++b.qt == n_qt && ++b.head < o.group) b.qt = 2 * b.kt;
+        return b.head == o.group;
+    }
+    // Every block to its end: the time of the last tile, and how many blocks never finished.
+    double run(int& stuck) {
+        for (int s = 0; s < SMS; s++) start(s, 0.0);
+        double end = 0;
+        while (!events.empty()) {
+            const auto [t, s] = events.top();
+            events.pop();
+            Block& b = sm[s];
+            reads++, hits += l2.read(((int64_t)b.kv * o.group + b.head) * n_qt + b.qt), end = t;
+            if (step(b)) {  // the next block in the grid takes the SM
+                on_sm[b.kt * o.kv_heads + b.kv] = -1;
+                const Block done = b;
+                start(s, t);
+                wake_neighbours(done, t);
+                continue;
+            }
+            wake_neighbours(b, t);
+            try_go(s, t);
+        }
+        stuck = 0;
+        for (const Block& b : sm) stuck += b.id >= 0;
+        return end;
+    }
+};
+
+int main(int argc, char** argv) {
+    SimOptions o;
+    if (!parse_sim_options(argc, argv, o)) return 2;
+    Simulation sim(o);
     int stuck = 0;
-    for (const Block& b : sm) stuck += b.id >= 0;
-    const double ideal = (double)reads / SMS;
-    printf("seq %lld, %d KV heads x %d, grid %s (chunks of %lld key tiles)%s, rule %s, sigma %.3f%s, L2 %lld tiles: time %.0f, %.3f x ideal; "
-           "L2 hits %.1f%%%s\n", (long long)seq, kv_heads, group, grid, (long long)chunk, by_tiles ? " (tiles walk)" : "", rule, sigma,
-           stepped ? (", in-step " + std::to_string(in_step)).c_str() : "", (long long)l2_tiles,
-           end, end / ideal, 100.0 * hits / reads, stuck ? "  (DEADLOCK)" : "");
+    const double end = sim.run(stuck);
+    const double ideal = (double)sim.reads / Simulation::SMS;
+    printf("seq %lld, %d KV heads x %d, grid %s (chunks of %lld key tiles)%s, rule %s, sigma %.3f%s, L2 %lld tiles: "
+           "time %.0f, %.3f x ideal; L2 hits %.1f%%%s\n",
+           (long long)o.seq, o.kv_heads, o.group, o.grid, (long long)o.chunk, o.by_tiles ? " (tiles walk)" : "", o.rule,
+           o.sigma, o.stepped ? (", in-step " + std::to_string(o.in_step)).c_str() : "", (long long)o.l2_tiles, end,
+           end / ideal, 100.0 * sim.hits / sim.reads, stuck ? "  (DEADLOCK)" : "");
     return stuck ? 1 : 0;
 }

@@ -2,7 +2,7 @@
 """bench/throughput.py - full-depth tokens/s per GPU from bench/throughput.sh's few-layer runs.
 
 For each NAME it reads NAME.plan.txt (the full-depth plan), NAME.log (the short run's own plan),
-NAME.jsonl (its step time) and NAME.timeline.json (its marks, timeline.cu). Both plans say, in
+NAME.jsonl (its step time) and NAME.timeline.json (its marks, infra/timeline.cu). Both plans say, in
 their "selective checkpointing" line, what each layer does with its attention output and block
 input (train.cpp), so every layer is of one kind:
 

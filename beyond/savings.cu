@@ -6,7 +6,7 @@
 // 1. --vocab-pieces[=N]: the embedding and the LM head in units of vocabulary rows.
 //    The talk's FSDP gathers each table whole, so its two gathered slots and two unit gradients,
 //    sized by the largest unit, hold a table: 12 bytes x V D. Cut into N pieces of about a
-//    layer's size (N = 3 for Llama 3.1 8B, common.h param_layout), they hold a layer:
+//    layer's size (N = 3 for Llama 3.1 8B, infra/common.h param_layout), they hold a layer:
 //        comm:   12 V D -> 12 x the largest unit      (8B: 5.87 -> 2.44 GiB)
 //        other:  logits 2 C_loss V -> 2 C_loss V / N  (8B: 1.00 -> 0.33 GiB under --chunked)
 //    Cost: a token's loss needs all its logits (their log-sum-exp), so the head takes two

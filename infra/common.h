@@ -1,4 +1,4 @@
-// common.h - what every file of the project shares.
+// infra/common.h - what every file of the project shares.
 //
 //   * exit codes and the error type that carries them to main()
 //   * the model configurations (Llama 3.2 3B, Llama 3.1 8B, small test models)
@@ -141,7 +141,7 @@ inline LlamaConfig config_by_name(const std::string& name) {
 //   k + L              the final norm
 //   k + L + 1 ..       the LM head, cut the same way (untied only)
 // The talk's FSDP gathers the embedding and the head as whole units (k = 1). Stage 7's
-// --vocab-pieces (savings.cu) cuts them into pieces of about a layer's size, so FSDP's slots,
+// --vocab-pieces (beyond/savings.cu) cuts them into pieces of about a layer's size, so FSDP's slots,
 // sized by the largest unit, hold a layer: the embedding and the head of a 128K vocabulary are
 // 2.4 layers each in Llama 3.1 8B. A piece's rows start at a multiple of PIECE_ROWS.
 //

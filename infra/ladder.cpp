@@ -1,4 +1,4 @@
-// ladder.cpp - the memory ladder of the talk (--ladder): stage k turns on the techniques of
+// infra/ladder.cpp - the memory ladder of the talk (--ladder): stage k turns on the techniques of
 // stages 1..k, and each stage's memory per GPU is planned (--ladder --plan, no GPU needed) or
 // measured (--ladder: every stage runs as a child process of this same program, and what it
 // allocated, how long its step took and how it failed are read from its log and exit code).
@@ -11,7 +11,7 @@
 //   4      --offload   those block inputs live in pinned host memory
 //   5      --chunked   MLP, element-wise work and loss in token chunks
 //   6      --untied    attention in head chunks with one reused buffer set
-//   7      (ours)      beyond the talk: our four memory savings (savings.cu), one flag each
+//   7      (ours)      beyond the talk: our four memory savings (beyond/savings.cu), one flag each
 // Stages 1-6 are the talk's techniques in their textbook form: for Llama 3.1 8B on the talk's
 // node, stage 5 reaches 3M tokens and only stage 6 reaches 5M. Stage 7 shows where we go further.
 //
@@ -44,7 +44,7 @@ void apply_stage(StepOptions& s, int stage) {
     if (stage >= 4) s.offload = true;
     if (stage >= 5) s.chunked = true;
     if (stage >= 6 && !s.untied) s.untied = 1, s.ckpt = true;
-    if (stage >= 7) {  // beyond the talk (savings.cu)
+    if (stage >= 7) {  // beyond the talk (beyond/savings.cu)
         s.vocab_pieces = 0;  // as few pieces as keep each within a layer
         s.one_offload_slot = s.grad_in_att_output = s.dq_sums_in_staging = true;
     }
@@ -155,7 +155,7 @@ static int print_ladder(const Options& o) {
                     (long long)r.longest);
     }
     if (log) fclose(log);
-    printf("stages 1-6 are the talk's techniques; stage 7 adds ours: %s (savings.cu)\n", SAVINGS_FLAGS);
+    printf("stages 1-6 are the talk's techniques; stage 7 adds ours: %s (beyond/savings.cu)\n", SAVINGS_FLAGS);
     if (cfg.name == "llama3.1-8b")
         printf("the Untied Ulysses paper, Llama3-8B at 3M tokens on 8 x H100: 64.6 GiB per GPU with the ALST stack "
                "(stage 5), 51.1 with UPipe (stage 6)\n");

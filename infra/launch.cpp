@@ -1,4 +1,4 @@
-// launch.cpp - how the processes of a run start: one process per GPU. ./train --nproc N starts
+// infra/launch.cpp - how the processes of a run start: one process per GPU. ./train --nproc N starts
 // N local processes itself (one node, no launcher needed); under mpirun or srun each process
 // reads its rank and the world size from their environment, so several nodes use those
 // launchers. Also: whether this machine has a GPU at all, said in one line.

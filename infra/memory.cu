@@ -1,5 +1,5 @@
-// infra/memory.cu - the CUDA error checks, the arena (the static memory plan, llama.h explains
-// it), the out-of-memory report, and --mem-trace's live memory over a step.
+// infra/memory.cu - the CUDA error checks, the arena (the static memory plan: infra/memory.h),
+// the out-of-memory report, and --mem-trace's live memory over a step.
 #include <algorithm>
 
 #include "llama.h"

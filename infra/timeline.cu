@@ -1,4 +1,4 @@
-// timeline.cu - --timeline FILE: when each part of the last step ran, on which stream, as JSON.
+// infra/timeline.cu - --timeline FILE: when each part of the last step ran, on which stream, as JSON.
 //
 // A measuring tool, not a technique: it changes nothing the step computes. Each mark is a pair
 // of CUDA events recorded on the stream that does the work, so it times the work itself, not
@@ -10,27 +10,12 @@
 // Marks of one stream may nest (a layer's backward holds its attention's rerun, which holds the
 // attention kernel). bench/throughput.py adds them up per layer.
 //
-// Where the step is marked (without --timeline every call returns at once; marks are taken
-// between timeline_step_begin and timeline_step_end, at the start and end of the step):
-//   llama.cu      forward_layers, backward_layers: each layer's "forward" and "backward", with
-//                 the FSDP and offload waits around them; model_forward_backward: the "head";
-//                 layer_forward: Wo, the residual and the MLP over all token chunks ("mlp
-//                 forward"); layer_backward: what checkpointing reruns before the backward
-//                 ("attention rerun": the attention forward where it was not kept, else at most
-//                 q, k, v) and the MLP's backward with the rerun of its inputs and Wo's gradients
-//                 ("mlp backward"); self_attention_*: the attention kernels
-//   untied.cu     each attention kernel ("attention forward", "attention backward")
-//   ulysses.cu    the same for plain Ulysses
-//   comm.cu       layer_all_to_all, Ulysses's and Untied's all-to-all among GPUs ("all-to-all",
-//                 with the bytes this GPU sends to the others)
-//   fsdp.cu       each unit's gather and reduce-scatter (or, replicated, all-reduce) on FSDP's
-//                 stream (stream "fsdp"; the layer field holds the unit, the bytes are those a
-//                 GPU exchanges with the others)
-//   offload.cu    each copy to or from the host, on the copy stream (stream "copy"; selective.cu's
-//                 copies of attention outputs too)
-//   selective.cu  a block input rebuilt before its layer's backward ("input rebuild")
-// Under --sim-world the collectives are local copies (comm.cu): their marks give their bytes,
-// and their times are those of the copies, not of a network.
+// The marks: each layer's "forward" and "backward" turn (llama.cu), inside them the attention
+// kernels, the all-to-alls (with the bytes this GPU sends), the MLP and the attention rerun; the
+// "head"; FSDP's gathers and reduce-scatters on its stream ("fsdp"; the layer field holds the unit);
+// offload's copies on the copy stream ("copy"). Each is one line where its work is queued
+// (`grep -rn TimelineMark`). Under --sim-world the collectives are local copies (infra/comm.cu):
+// their marks give their bytes, and their times are those of the copies, not of a network.
 #include "llama.h"
 
 struct Timeline {

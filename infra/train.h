@@ -1,4 +1,4 @@
-// train.h - the training program's options and pieces that tests call directly.
+// infra/train.h - the training program's options and pieces that tests call directly.
 #pragma once
 
 #include <cstdint>

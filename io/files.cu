@@ -1,4 +1,4 @@
-// files.cu - the files of a run: Hugging Face checkpoints (safetensors + config.json), token files, and
+// io/files.cu - the files of a run: Hugging Face checkpoints (safetensors + config.json), token files, and
 // the whole training state for save and resume.
 //
 // Hugging Face. LlamaForCausalLM names its tensors model.embed_tokens.weight,

@@ -1,4 +1,4 @@
-// input_files.cpp - the readers of input_files.h: opening files, token files, safetensors
+// io/input_files.cpp - the readers of input_files.h: opening files, token files, safetensors
 // headers, the sharded index and config.json.
 #include "input_files.h"
 

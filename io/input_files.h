@@ -1,4 +1,4 @@
-// input_files.h - reading what a run is given: token files (--data), and the safetensors files,
+// io/input_files.h - reading what a run is given: token files (--data), and the safetensors files,
 // model.safetensors.index.json and config.json of a Hugging Face checkpoint (--init-from).
 // Host code only (no CUDA): files.cu uses it, and the fuzz targets of tests/fuzz/ build it
 // with clang and libFuzzer.

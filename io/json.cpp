@@ -1,4 +1,4 @@
-// json.cpp - the strict JSON reader of json.h: a recursive descent over the text, each value
+// io/json.cpp - the strict JSON reader of json.h: a recursive descent over the text, each value
 // appended to one flat array of nodes in document order.
 #include "json.h"
 

@@ -1,4 +1,4 @@
-// json.h - a strict JSON reader (RFC 8259) for the files a run is given: safetensors headers,
+// io/json.h - a strict JSON reader (RFC 8259) for the files a run is given: safetensors headers,
 // config.json and model.safetensors.index.json. Host code only (no CUDA), so the fuzz targets of
 // tests/fuzz/ build it with clang.
 //

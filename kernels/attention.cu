@@ -1,4 +1,4 @@
-// attention.cu - flash attention, forward and backward: causal, grouped-query (GQA), bf16 in
+// kernels/attention.cu - flash attention, forward and backward: causal, grouped-query (GQA), bf16 in
 // and out, fp32 accumulation, fp32 log-sum-exp saved for the backward. Head dim 64 or 128.
 //
 // Why it never needs an S x S matrix (FlashAttention, Dao et al. 2022; FA2 work split, 2023):

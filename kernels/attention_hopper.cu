@@ -1,4 +1,4 @@
-// attention_hopper.cu - the fast attention kernels the model uses on Hopper (sm_90a), their
+// kernels/attention_hopper.cu - the fast attention kernels the model uses on Hopper (sm_90a), their
 // launchers, and the dispatch between them and attention.cu's reference kernels.
 //
 // The contract is attention.cu's (causal, grouped-query, bf16 in and out, fp32 lse in natural

@@ -1,4 +1,4 @@
-// attention_hopper_ptx.cuh - the Hopper (sm_90a) PTX that attention_hopper.cu's kernels are
+// kernels/attention_hopper_ptx.cuh - the Hopper (sm_90a) PTX that attention_hopper.cu's kernels are
 // written in: mbarriers, TMA copies, register reallocation, wgmma descriptors and products,
 // stmatrix and named barriers, one small wrapper each. Only attention_hopper.cu includes it.
 #pragma once

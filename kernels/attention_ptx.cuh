@@ -1,4 +1,4 @@
-// attention_ptx.cuh - the PTX wrappers and constants both attention kernel files use
+// kernels/attention_ptx.cuh - the PTX wrappers and constants both attention kernel files use
 // (attention.cu on mma.sync, attention_hopper.cu on wgmma). Internal to each file that
 // includes it.
 #pragma once

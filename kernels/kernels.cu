@@ -1,4 +1,4 @@
-// kernels.cu - the kernels of the model's layers, each next to its launcher, each with its math
+// kernels/kernels.cu - the kernels of the model's layers, each next to its launcher, each with its math
 // in one comment: the embedding lookup and its deterministic backward, RMSNorm, RoPE, SwiGLU, the
 // fused cross-entropy (whole or in vocabulary pieces), deterministic sums, AdamW, fills and the
 // seeded initialization. llama.cu calls them; attention's kernels live in attention.cu and
@@ -364,7 +364,7 @@ void cross_entropy_forward_backward(bf16* logits, float* losses, const int32_t* 
     CUDA_CHECK_LAUNCH();
 }
 
-// The cross-entropy of logits that come in pieces of columns (savings.cu lm_head_in_pieces).
+// The cross-entropy of logits that come in pieces of columns (beyond/savings.cu lm_head_in_pieces).
 // Piece by piece: each row's running max and sum of exponentials, and its target's logit.
 __global__ void cross_entropy_piece_stats_kernel(const bf16* logits, int V, int64_t col0, const int32_t* targets,
                                                  float* run_max, float* run_sum, float* target_logit, bool first) {

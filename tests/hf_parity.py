@@ -31,7 +31,7 @@ if not torch.cuda.is_available():
     print("SKIPPED: no GPU")
     sys.exit(0)
 
-# Our test models (common.h), as transformers configs.
+# Our test models (infra/common.h), as transformers configs.
 MODELS = {
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                  intermediate_size=384, vocab_size=512, tie_word_embeddings=True,
@@ -46,7 +46,7 @@ SEQ, LR, WD, CLIP = 256, 1e-3, 0.1, 1.0
 
 
 def our_layout(c):
-    """Offsets of our flat parameter array (common.h param_layout) and the HF pieces of each tensor."""
+    """Offsets of our flat parameter array (infra/common.h param_layout) and the HF pieces of each tensor."""
     D, F_, V, qd, kvd = c.hidden_size, c.intermediate_size, c.vocab_size, c.num_attention_heads * c.head_dim, \
         c.num_key_value_heads * c.head_dim
     off, out = 0, []

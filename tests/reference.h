@@ -1,7 +1,7 @@
 // tests/reference.h - the float64 CPU reference of the model: the oracle of every GPU test.
 //
 // Written independently of the GPU code (it shares only the parameter layout and the configs of
-// common.h): plain loops, float64, no tiling, no fusion. Every function is the textbook
+// infra/common.h): plain loops, float64, no tiling, no fusion. Every function is the textbook
 // definition, so a disagreement with the GPU points at the GPU side.
 //
 // Conventions:

@@ -1,5 +1,5 @@
 // tests/test_attention.cu - flash attention forward and backward against the float64 reference,
-// for both kernel sets: attention.cu's (the reference kernels) and attention_hopper.cu's (the
+// for both kernel sets: kernels/attention.cu's (the reference kernels) and kernels/attention_hopper.cu's (the
 // fast ones the model uses on Hopper, head dim 128): GQA, head dims 64 and 128, sequence lengths
 // that are not multiples of the tiles, several sequences per call, q/k/v as column slices of one
 // fused QKV buffer (as the model uses them), poisoned outputs. The fast kernels' fused backward
@@ -24,7 +24,7 @@ struct Case {
     int B;
     int64_t S;
     int Hq, Hkv, d;
-    bool reference;      // attention.cu's kernels; else the dispatch's choice (attention_hopper.cu on Hopper)
+    bool reference;      // the reference kernels; else the dispatch's choice (the fast ones on Hopper)
     bool fused = false;  // the fast kernels' fused backward (an fp32 dQ workspace given)
     // The fast backward's block order: KV head by KV head, or tile by tile across the heads
     // (the default picks the first from 16K tokens, so these small cases would see only the second).
@@ -240,7 +240,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, AttentionRepeat,
                          });
 
 // The fused backward's ordered dQ adds wait on counts, relying on blocks starting in grid order
-// (see attention_hopper.cu). If that ever breaks, the launch must fail with an error, not hang:
+// (see kernels/attention_hopper.cu). If that ever breaks, the launch must fail with an error, not hang:
 // with the counts started at a value the order never reaches, every wait times out (20 s) and
 // traps. In a child process (a death test), since a trap ends the CUDA context.
 void run_fused_backward_with_broken_order() {
@@ -327,6 +327,128 @@ int64_t long_tokens() {
 enum class Kernels { reference, fast, fused };
 class AttentionLong : public ::testing::TestWithParam<Kernels> {};
 
+// The long problem: its inputs on the host (the used columns only, densely, as float: the values
+// are exact bf16), the device's outputs copied back, and float64 sums of its attention.
+struct LongProblem {
+    int64_t S;
+    int Hq = 2, Hkv = 1, d = 128;
+    int64_t qd = Hq * d, kd = Hkv * d, w = qd + 2 * kd;  // q | k | v columns used
+    std::vector<float> in, dout, lse;                    // [S, w], [S, qd], [Hq, S]
+    std::vector<float> out, grad;                        // the device's output [S, qd] and d q|k|v [S, w]
+    const float* Q(int64_t t, int h) const { return &in[t * w + h * d]; }
+    const float* K(int64_t t) const { return &in[t * w + qd]; }
+    const float* V(int64_t t) const { return &in[t * w + qd + kd]; }
+    const float* dO(int64_t t, int h) const { return &dout[t * qd + h * d]; }
+    double dot(const float* a, const float* b) const {
+        double s = 0;
+        for (int c = 0; c < d; c++) s += (double)a[c] * b[c];
+        return s;
+    }
+    double scale() const { return 1.0 / std::sqrt((double)d); }
+};
+
+// Fresh inputs through the kernels under test, in buffers with a row stride of `ld` elements.
+LongProblem run_long(int64_t S, int64_t ld, bool reference, bool fused, std::mt19937_64& rng) {
+    LongProblem p;
+    p.S = S;
+    const int64_t w = p.w, qd = p.qd;
+    std::uniform_real_distribution<float> ud(-1.7f, 1.7f);
+    std::vector<bf16> h_in(S * w), h_dout(S * qd);
+    for (auto& x : h_in) x = __float2bfloat16(ud(rng));
+    for (auto& x : h_dout) x = __float2bfloat16(ud(rng));
+    DeviceBuffer<bf16> qkv(S * ld), out(S * qd), dout(S * qd), dqkv(S * ld);
+    DeviceBuffer<float> lse(p.Hq * S), delta(p.Hq * S);
+    CUDA_CHECK(cudaMemcpy2D(qkv.ptr, ld * 2, h_in.data(), w * 2, w * 2, S, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dout.ptr, h_dout.data(), S * qd * 2, cudaMemcpyHostToDevice));
+    poison(out.ptr, out.n), poison(lse.ptr, lse.n), poison(dqkv.ptr, dqkv.n);
+    AttentionShape sh{1, S, p.Hq, p.Hkv, p.d};
+    KernelChoice choice(reference, sh);
+    AttentionBackwardArgs ba = forward_one_sequence(sh, ld, qkv, out, dout, dqkv, lse, delta);
+    DeviceBuffer<float> dq_accum(fused ? attention_dq_accum_floats(sh) : 0);
+    if (fused) ba.dq_accum = dq_accum;
+    attention_backward(ba, sh, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<bf16> h_out(S * qd), h_grad(S * w);
+    p.lse.resize(p.Hq * S);
+    CUDA_CHECK(cudaMemcpy(h_out.data(), out.ptr, S * qd * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy2D(h_grad.data(), w * 2, dqkv.ptr, ld * 2, w * 2, S, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(p.lse.data(), lse.ptr, p.Hq * S * 4, cudaMemcpyDeviceToHost));
+    auto floats = [](const std::vector<bf16>& x) {
+        std::vector<float> f(x.size());
+        for (size_t i = 0; i < x.size(); i++) f[i] = __bfloat162float(x[i]);
+        return f;
+    };
+    p.in = floats(h_in), p.dout = floats(h_dout), p.out = floats(h_out), p.grad = floats(h_grad);
+    return p;
+}
+
+// Output, lse and dq of the sampled query rows, against float64 over every key before them.
+void check_sampled_rows(const LongProblem& p, const std::vector<int64_t>& rows) {
+    const int d = p.d;
+    std::vector<double> got, want, got_lse, want_lse, got_dq, want_dq;
+    for (int64_t i : rows)
+        for (int h = 0; h < p.Hq; h++) {
+            std::vector<double> s(i + 1);
+            double m = -INFINITY, l = 0;
+            for (int64_t j = 0; j <= i; j++) m = std::max(m, s[j] = p.scale() * p.dot(p.Q(i, h), p.K(j)));
+            for (int64_t j = 0; j <= i; j++) l += std::exp(s[j] - m);
+            const double lse_i = m + std::log(l);
+            std::vector<double> o(d, 0.0), dq(d, 0.0);
+            for (int64_t j = 0; j <= i; j++) {
+                double pj = std::exp(s[j] - lse_i);
+                for (int c = 0; c < d; c++) o[c] += pj * p.V(j)[c];
+            }
+            double delta_i = 0;
+            for (int c = 0; c < d; c++) delta_i += o[c] * p.dO(i, h)[c];
+            for (int64_t j = 0; j <= i; j++) {
+                double ds = std::exp(s[j] - lse_i) * (p.dot(p.dO(i, h), p.V(j)) - delta_i);
+                for (int c = 0; c < d; c++) dq[c] += p.scale() * ds * p.K(j)[c];
+            }
+            got_lse.push_back(p.lse[h * p.S + i]);
+            want_lse.push_back(lse_i);
+            for (int c = 0; c < d; c++) {
+                got.push_back(p.out[i * p.qd + h * d + c]), want.push_back(o[c]);
+                got_dq.push_back(p.grad[i * p.w + h * d + c]), want_dq.push_back(dq[c]);
+            }
+        }
+    EXPECT_LT(rel_error(got, want), TOL_BF16);
+    EXPECT_LT(rel_error(got_lse, want_lse), TOL_FP32);
+    EXPECT_LT(rel_error(got_dq, want_dq), TOL_BF16);
+}
+
+// dK, dV of the sampled keys: sums over every later query of both heads of the GQA group, with
+// the device's lse and delta = rowsum(dO * O) of the device's O (lse is checked on its own above).
+void check_sampled_keys(const LongProblem& p, const std::vector<int64_t>& keys) {
+    const int d = p.d;
+    const int64_t S = p.S;
+    std::vector<double> delta_h(p.Hq * S);
+    for (int h = 0; h < p.Hq; h++)
+        for (int64_t i = 0; i < S; i++) {
+            double s = 0;
+            for (int c = 0; c < d; c++) s += p.dO(i, h)[c] * p.out[i * p.qd + h * d + c];
+            delta_h[h * S + i] = s;
+        }
+    std::vector<double> got_dk, want_dk, got_dv, want_dv;
+    for (int64_t j : keys) {
+        std::vector<double> dk(d, 0.0), dv(d, 0.0);
+        for (int h = 0; h < p.Hq; h++)
+            for (int64_t i = j; i < S; i++) {
+                double pij = std::exp(p.scale() * p.dot(p.Q(i, h), p.K(j)) - (double)p.lse[h * S + i]);
+                double ds = pij * (p.dot(p.dO(i, h), p.V(j)) - delta_h[h * S + i]);
+                for (int c = 0; c < d; c++) {
+                    dv[c] += pij * p.dO(i, h)[c];
+                    dk[c] += p.scale() * ds * p.Q(i, h)[c];
+                }
+            }
+        for (int c = 0; c < d; c++) {
+            got_dk.push_back(p.grad[j * p.w + p.qd + c]), want_dk.push_back(dk[c]);
+            got_dv.push_back(p.grad[j * p.w + p.qd + p.kd + c]), want_dv.push_back(dv[c]);
+        }
+    }
+    EXPECT_LT(rel_error(got_dk, want_dk), TOL_BF16);
+    EXPECT_LT(rel_error(got_dv, want_dv), TOL_BF16);
+}
+
 TEST_P(AttentionLong, SampledRowsAndKeysMatchFloat64) {
     REQUIRE_GPU();
     const bool reference = GetParam() == Kernels::reference, fused = GetParam() == Kernels::fused;
@@ -334,110 +456,12 @@ TEST_P(AttentionLong, SampledRowsAndKeysMatchFloat64) {
     SCOPED_TRACE(std::string(reference ? "reference" : fused ? "fused" : "fast") + " seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     const int64_t S = long_tokens(), ld = 9216;
-    const int Hq = 2, Hkv = 1, d = 128;
-    const int64_t qd = Hq * d, kd = Hkv * d, w = qd + 2 * kd;  // q | k | v columns used
     ASSERT_GT(S * ld, (int64_t)1 << 31);
-
-    // Host copies hold only the used columns, densely; the device buffers are strided.
-    std::uniform_real_distribution<float> ud(-1.7f, 1.7f);
-    std::vector<bf16> h_in(S * w), h_dout(S * qd);
-    for (auto& x : h_in) x = __float2bfloat16(ud(rng));
-    for (auto& x : h_dout) x = __float2bfloat16(ud(rng));
-    DeviceBuffer<bf16> qkv(S * ld), out(S * qd), dout(S * qd), dqkv(S * ld);
-    DeviceBuffer<float> lse(Hq * S), delta(Hq * S);
-    CUDA_CHECK(cudaMemcpy2D(qkv.ptr, ld * 2, h_in.data(), w * 2, w * 2, S, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(dout.ptr, h_dout.data(), S * qd * 2, cudaMemcpyHostToDevice));
-    poison(out.ptr, out.n), poison(lse.ptr, lse.n), poison(dqkv.ptr, dqkv.n);
-    AttentionShape sh{1, S, Hq, Hkv, d};
-    KernelChoice choice(reference, sh);
-    AttentionBackwardArgs ba = forward_one_sequence(sh, ld, qkv, out, dout, dqkv, lse, delta);
-    DeviceBuffer<float> dq_accum(fused ? attention_dq_accum_floats(sh) : 0);
-    if (fused) ba.dq_accum = dq_accum;
-    attention_backward(ba, sh, 0);
-    CUDA_CHECK(cudaDeviceSynchronize());
-
-    std::vector<bf16> h_out(S * qd), h_grad(S * w);
-    std::vector<float> h_lse(Hq * S);
-    CUDA_CHECK(cudaMemcpy(h_out.data(), out.ptr, S * qd * 2, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy2D(h_grad.data(), w * 2, dqkv.ptr, ld * 2, w * 2, S, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(h_lse.data(), lse.ptr, Hq * S * 4, cudaMemcpyDeviceToHost));
-
-    // float copies for fast CPU loops (values are exact bf16); sums in float64.
-    std::vector<float> fin(S * w), fdo(S * qd);
-    for (int64_t i = 0; i < S * w; i++) fin[i] = __bfloat162float(h_in[i]);
-    for (int64_t i = 0; i < S * qd; i++) fdo[i] = __bfloat162float(h_dout[i]);
-    auto Q = [&](int64_t t, int h) { return &fin[t * w + h * d]; };
-    auto K = [&](int64_t t) { return &fin[t * w + qd]; };
-    auto V = [&](int64_t t) { return &fin[t * w + qd + kd]; };
-    auto dO = [&](int64_t t, int h) { return &fdo[t * qd + h * d]; };
-    auto dot = [&](const float* a, const float* b) {
-        double s = 0;
-        for (int c = 0; c < d; c++) s += (double)a[c] * b[c];
-        return s;
-    };
-    const double scale = 1.0 / std::sqrt((double)d);
-    auto f = [](bf16 x) { return (double)__bfloat162float(x); };
-
+    const LongProblem p = run_long(S, ld, reference, fused, rng);
     std::vector<int64_t> rows = {0, 1, 63, 64, 4097, S - 1};
     for (int k = 0; k < 2; k++) rows.push_back((int64_t)(rng() % S));
-    std::vector<double> got, want, got_lse, want_lse, got_dq, want_dq;
-    for (int64_t i : rows)
-        for (int h = 0; h < Hq; h++) {
-            std::vector<double> s(i + 1);
-            double m = -INFINITY, l = 0;
-            for (int64_t j = 0; j <= i; j++) m = std::max(m, s[j] = scale * dot(Q(i, h), K(j)));
-            for (int64_t j = 0; j <= i; j++) l += std::exp(s[j] - m);
-            const double lse_i = m + std::log(l);
-            std::vector<double> o(d, 0.0), dq(d, 0.0);
-            for (int64_t j = 0; j <= i; j++) {
-                double p = std::exp(s[j] - lse_i);
-                for (int c = 0; c < d; c++) o[c] += p * V(j)[c];
-            }
-            double delta_i = 0;
-            for (int c = 0; c < d; c++) delta_i += o[c] * dO(i, h)[c];
-            for (int64_t j = 0; j <= i; j++) {
-                double ds = std::exp(s[j] - lse_i) * (dot(dO(i, h), V(j)) - delta_i);
-                for (int c = 0; c < d; c++) dq[c] += scale * ds * K(j)[c];
-            }
-            got_lse.push_back(h_lse[h * S + i]);
-            want_lse.push_back(lse_i);
-            for (int c = 0; c < d; c++) {
-                got.push_back(f(h_out[i * qd + h * d + c])), want.push_back(o[c]);
-                got_dq.push_back(f(h_grad[i * w + h * d + c])), want_dq.push_back(dq[c]);
-            }
-        }
-    EXPECT_LT(rel_error(got, want), TOL_BF16);
-    EXPECT_LT(rel_error(got_lse, want_lse), TOL_FP32);
-    EXPECT_LT(rel_error(got_dq, want_dq), TOL_BF16);
-
-    // dK, dV of sampled keys: sums over every later query of both heads of the GQA group.
-    std::vector<double> delta_h(Hq * S);  // rowsum(dO * O) with the device's O, by definition
-    for (int h = 0; h < Hq; h++)
-        for (int64_t i = 0; i < S; i++) {
-            double s = 0;
-            for (int c = 0; c < d; c++) s += dO(i, h)[c] * f(h_out[i * qd + h * d + c]);
-            delta_h[h * S + i] = s;
-        }
-    std::vector<int64_t> keys = {0, S / 3, S - 100, S - 1};
-    std::vector<double> got_dk, want_dk, got_dv, want_dv;
-    for (int64_t j : keys) {
-        std::vector<double> dk(d, 0.0), dv(d, 0.0);
-        for (int h = 0; h < Hq; h++)
-            for (int64_t i = j; i < S; i++) {
-                double p = std::exp(scale * dot(Q(i, h), K(j)) - (double)h_lse[h * S + i]);
-                double ds = p * (dot(dO(i, h), V(j)) - delta_h[h * S + i]);
-                for (int c = 0; c < d; c++) {
-                    dv[c] += p * dO(i, h)[c];
-                    dk[c] += scale * ds * Q(i, h)[c];
-                }
-            }
-        for (int c = 0; c < d; c++) {
-            got_dk.push_back(f(h_grad[j * w + qd + c])), want_dk.push_back(dk[c]);
-            got_dv.push_back(f(h_grad[j * w + qd + kd + c])), want_dv.push_back(dv[c]);
-        }
-    }
-    EXPECT_LT(rel_error(got_dk, want_dk), TOL_BF16);
-    EXPECT_LT(rel_error(got_dv, want_dv), TOL_BF16);
+    check_sampled_rows(p, rows);
+    check_sampled_keys(p, {0, S / 3, S - 100, S - 1});
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AttentionLong, ::testing::Values(Kernels::reference, Kernels::fast, Kernels::fused),

@@ -200,7 +200,7 @@ TEST(SyntheticData, RandomTaskScoresEverything) {
 }
 
 // The plan (dry run of the arena) against the memory formulas in the headers of llama.cu,
-// fsdp.cu, offload.cu, chunked.cu, selective.cu and savings.cu, written out here independently,
+// fsdp.cu, offload.cu, chunked.cu, beyond/selective.cu and beyond/savings.cu, written out here independently,
 // for every combination of flags.
 struct Expected {
     double model, attention, other, host;
@@ -319,7 +319,7 @@ TEST(Flags, MemoryTechniques) {
     EXPECT_TRUE(parse({"--ckpt=selective"}).step.selective);
     EXPECT_EQ(fatal_code([] { parse({"--ckpt=some"}); }), EXIT_USAGE);
     EXPECT_EQ(fatal_code([] { parse({"--chunk-tokens", "100"}); }), EXIT_USAGE);  // needs --chunked
-    EXPECT_EQ(parse({"--timeline", "t.json"}).timeline_path, "t.json");  // any run (timeline.cu)
+    EXPECT_EQ(parse({"--timeline", "t.json"}).timeline_path, "t.json");  // any run (infra/timeline.cu)
     EXPECT_TRUE(parse({"--attention", "fused"}).step.fused_attention);
     EXPECT_FALSE(parse({"--attention", "fast"}).step.fused_attention);
     // auto (the default) plans the lean backward until a run (or --plan with a cap) sees the fused one fit.
@@ -441,7 +441,7 @@ int attention_reruns(const std::vector<TimelineMark>& marks, int l) {
     return n;
 }
 
-// --timeline (timeline.cu): every layer's forward and backward, with its attention kernels,
+// --timeline (infra/timeline.cu): every layer's forward and backward, with its attention kernels,
 // all-to-alls and MLP inside them; the all-to-alls' bytes are those Ulysses must send. Stage 7's
 // one offload slot fetches every layer's input back; the talk's two keep the last layer's in
 // place and fetch the one below during a layer's backward.
@@ -655,7 +655,7 @@ TEST(Ladder, PlannedLadderReproducesTheTalksStory) {
     EXPECT_TRUE(at5[6].fits);
     EXPECT_TRUE(at5[7].fits);
     EXPECT_LT(at5[7].total_gib, at5[6].total_gib);
-    // What each saving of stage 7 takes off stage 6 at 3M, from the formulas of savings.cu's header
+    // What each saving of stage 7 takes off stage 6 at 3M, from the formulas of beyond/savings.cu's header
     // (T = 393216 tokens per GPU, D = 4096, V = 128256, 8 GPUs): one offload slot T 2D, Untied's
     // normalized-input gradient T 2D, FSDP's slots and unit gradients 12 bytes x (the table - the
     // largest piece or layer), the logits 2 C_loss V x 2/3 (the ladder plans the lean backward:
@@ -743,7 +743,7 @@ TEST(Binary, UnwritableOutputsAreRefusedBeforeAnyWork) {
     expect_exit("--config tiny --steps 1 --save-to Makefile", 2, "is not a folder");
 }
 
-// The vocabulary pieces (stage 7, savings.cu): --vocab-pieces sets them, within what a vocabulary
+// The vocabulary pieces (stage 7, beyond/savings.cu): --vocab-pieces sets them, within what a vocabulary
 // can be cut into; without it the tables are whole units, as in the talk; the plan shows them in
 // the FSDP slots and the logits (one piece's columns).
 TEST(Binary, VocabularyPieces) {

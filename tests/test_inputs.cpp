@@ -1,4 +1,4 @@
-// tests/test_inputs.cpp - the readers of input files (json.h, input_files.h) against hostile
+// tests/test_inputs.cpp - the readers of input files (io/json.h, io/input_files.h) against hostile
 // inputs, on the CPU: each must end in a usage error (exit code 2) that names the file and what
 // is wrong, in bounded time and memory, and valid inputs must still load exactly as before.
 //   * the JSON reader: strict RFC 8259, limited nesting, no duplicate keys, linear cost;

@@ -185,7 +185,7 @@ TEST_F(CrossEntropy, LossAndGradientMatchReference) {
 }
 
 // The same loss and gradient from logits in three pieces of columns (the LM head in vocabulary
-// pieces, savings.cu lm_head_in_pieces): running max and sum over the pieces, then the gradient of
+// pieces, beyond/savings.cu lm_head_in_pieces): running max and sum over the pieces, then the gradient of
 // each piece with the final lse.
 TEST_F(CrossEntropy, InPiecesMatchesReference) {
     TRACE_SEED();

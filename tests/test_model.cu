@@ -61,13 +61,13 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
-    // "+pieces": the embedding and LM head in three units of vocabulary rows (savings.cu lm_head_in_pieces).
+    // "+pieces": the embedding and LM head in three units of vocabulary rows (beyond/savings.cu lm_head_in_pieces).
     const std::string param = GetParam();
     const bool pieces = param.size() > 7 && param.substr(param.size() - 7) == "+pieces";
     LlamaConfig cfg = config_by_name(pieces ? param.substr(0, param.size() - 7) : param);
     const int vocab_pieces = pieces ? 3 : 1;
     printf("  attention kernels: %s, %d vocabulary pieces\n",
-           attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "attention_hopper.cu" : "attention.cu",
+           attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "the fast kernels" : "the reference kernels",
            param_layout(cfg, vocab_pieces).vocab_pieces());
     const int B = 2;
     const int64_t S = 67;  // two attention tiles, the second ragged
@@ -94,7 +94,7 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
     }
 }
 
-// tiny-hd128: head dim 128, so on Hopper the step runs attention_hopper.cu's kernels.
+// tiny-hd128: head dim 128, so on Hopper the step runs kernels/attention_hopper.cu's kernels.
 INSTANTIATE_TEST_SUITE_P(Configs, WholeStep,
                          ::testing::Values("tiny", "tiny-untied", "tiny-hd128", "tiny+pieces", "tiny-untied+pieces"),
                          [](const auto& info) {

@@ -133,7 +133,7 @@ TEST(MultiGpu, VocabularyPiecesMatchOneGpu) {
 TEST(MultiGpu, UlyssesAndFsdpMatchOneGpu) {
     REQUIRE_GPUS(2);
     // One sequence on one GPU against the same sequence split over two.
-    // tiny-untied has 1 KV head: replicated on 2 GPUs; tiny-hd128 runs attention_hopper.cu's kernels.
+    // tiny-untied has 1 KV head: replicated on 2 GPUs; tiny-hd128 runs kernels/attention_hopper.cu's kernels.
     for (const char* cfg : {"tiny", "tiny-untied", "tiny-hd128"}) {
         SCOPED_TRACE(cfg);
         const std::string common = std::string("--config ") + cfg +

@@ -162,7 +162,7 @@ TEST(RefRope, InvFreqUnscaledWhenDisabled) {
     for (int i = 0; i < 64; i++) EXPECT_NEAR(inv[i] / std::pow(10000.0, -2.0 * i / 128), 1, 1e-14);
 }
 
-// Two independent implementations (this reference and the GPU side's common.h) must agree.
+// Two independent implementations (this reference and the GPU side's infra/common.h) must agree.
 TEST(RefRope, InvFreqAgreesWithCommonH) {
     auto configs = known_configs();
     configs.push_back(fd_config(true));

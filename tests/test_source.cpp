@@ -197,6 +197,34 @@ TEST(StepIndex, EveryHookLlamaCuCallsIsListed) {
     EXPECT_GE(calls, 50);
 }
 
+// Functions outside the kernels read in one screen or two: under 80 lines. A function here is a
+// definition that opens at the start of a line and closes at the start of one; kernels and other
+// device code (__global__, __device__) are not counted.
+TEST(Card, EveryFunctionOutsideTheKernelsIsUnder80Lines) {
+    REQUIRE_REPOSITORY();
+    const std::regex opens("^[A-Za-z_][^;]*\\)\\s*(const\\s*)?(override\\s*)?\\{\\s*$");
+    int functions = 0;
+    for (const char* dir : {".", "beyond", "kernels", "io", "infra", "tests", "tests/fuzz", "bench"})
+        for (const std::string& name : list_dir(dir)) {
+            if (!is_source(name)) continue;
+            const std::string path = std::string(dir) == "." ? name : std::string(dir) + "/" + name;
+            const std::vector<std::string> lines = read_lines(path);
+            for (size_t i = 0; i < lines.size(); i++) {
+                const std::string& l = lines[i];
+                const std::string before = i > 0 ? lines[i - 1] : "";
+                if (!std::regex_search(l, opens) || l.rfind("struct", 0) == 0 || l.rfind("class", 0) == 0 ||
+                    l.rfind("namespace", 0) == 0 || l.find("__global__") != std::string::npos ||
+                    l.find("__device__") != std::string::npos || before.find("__global__") != std::string::npos)
+                    continue;
+                size_t j = i + 1;
+                while (j < lines.size() && lines[j].rfind("}", 0) != 0) j++;
+                EXPECT_LT(j - i + 1, 80u) << path << ":" << i + 1 << " " << l;
+                functions++;
+            }
+        }
+    EXPECT_GE(functions, 300);
+}
+
 // A reader takes in a file in one sitting.
 TEST(Card, EverySourceFileIsUnder1300Lines) {
     REQUIRE_REPOSITORY();

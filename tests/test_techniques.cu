@@ -75,7 +75,7 @@ TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
     REQUIRE_GPU();
     LlamaConfig cfg = config_by_name(GetParam());
     printf("  attention kernels: %s\n",
-           attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "attention_hopper.cu" : "attention.cu");
+           attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "the fast kernels" : "the reference kernels");
     cfg.n_layers = 4;
     StepOptions base;
     base.vocab_pieces = cfg.tied_embeddings ? 1 : 3;  // the LM head whole, and in pieces (--vocab-pieces)
@@ -333,7 +333,7 @@ TEST(SimWorld, GatheredUnitsHoldTheWholeModel) {
     }
 }
 
-// tiny-hd128: head dim 128, so on Hopper every technique runs attention_hopper.cu's kernels.
+// tiny-hd128: head dim 128, so on Hopper every technique runs kernels/attention_hopper.cu's kernels.
 INSTANTIATE_TEST_SUITE_P(Configs, Techniques, ::testing::Values("tiny", "tiny-untied", "tiny-hd128"),
                          [](const auto& info) {
                              return info.param == "tiny" ? "tied" : info.param == "tiny-untied" ? "untied" : "hd128";

@@ -1,4 +1,4 @@
-// tests/fuzz/oracle.h - what the fuzz targets judge the readers of input_files.h by.
+// tests/fuzz/oracle.h - what the fuzz targets judge the readers of io/input_files.h by.
 //
 // Each target's oracle says, on its own, whether an input is valid ("" when it is, else why
 // not), and the reader must agree: it must accept what the oracle calls valid and refuse, with
@@ -30,7 +30,7 @@
 }
 
 // Whether a refusal was the JSON reader's (the text is not JSON) rather than a check of its
-// content: json.cpp's messages begin with the file's name and one of these.
+// content: io/json.cpp's messages begin with the file's name and one of these.
 inline bool is_json_refusal(const Fatal& f, const std::string& file) {
     const std::string m = f.what();
     for (const char* start : {": malformed JSON at byte ", ": JSON nested deeper than ", ": the object at byte "})
