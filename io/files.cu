@@ -395,21 +395,27 @@ void save_hf_checkpoint(Model& m, const std::string& dir, bool bf16, cudaStream_
 // Token files
 TokenFile::TokenFile(const std::string& path, int vocab) {
     std::unique_ptr<Mapped> f(new Mapped(path, "--data"));
-    count = check_token_file(f->data, f->size, vocab, "--data '" + path + "'");
-    tokens = (const uint32_t*)(f->data + 24);
+    const TokenFileContents c = check_token_file(f->data, f->size, vocab, "--data '" + path + "'");
+    count = c.count, version = c.version;
+    tokens = (const uint32_t*)(f->data + c.tokens_at);
+    doc_starts.resize(c.version == 1 ? (count > 0) : c.docs);
+    if (c.version == 2) memcpy(doc_starts.data(), f->data + c.docs_at, c.docs * 8);
     map = f.release();
 }
 TokenFile::~TokenFile() { delete map; }
 
-void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens) {
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
+                      const std::vector<uint64_t>& doc_starts) {
     AtomicFile f(path);
-    uint32_t version = 1, width = 4;
-    uint64_t n = tokens.size();
+    const uint32_t version = doc_starts.empty() ? 1 : 2, width = 4;
+    const uint64_t n = tokens.size(), m = doc_starts.size();
     f.write("LLTOKENS", 8);
     f.write(&version, 4);
     f.write(&width, 4);
     f.write(&n, 8);
+    if (version == 2) f.write(&m, 8);
     f.write(tokens.data(), tokens.size() * 4);
+    if (version == 2) f.write(doc_starts.data(), m * 8);
     f.commit();
 }
 

@@ -22,16 +22,21 @@ void write_hf_checkpoint(const std::string& dir, const LlamaConfig& c, const Par
 void save_hf_checkpoint(Model& m, const std::string& dir, bool bf16, cudaStream_t s);
 
 struct Mapped;
-struct TokenFile {  // "LLTOKENS", uint32 version 1, uint32 4, uint64 count, count x uint32
+// A token file (io/input_files.h has the format), mapped: its tokens and where its documents start.
+struct TokenFile {
     const uint32_t* tokens = nullptr;
     uint64_t count = 0;
+    uint32_t version = 1;
+    std::vector<uint64_t> doc_starts;  // ascending, the first 0 (version 1: one document, {0})
     Mapped* map = nullptr;
     TokenFile(const std::string& path, int vocab);  // every token checked against the vocabulary
     ~TokenFile();
     TokenFile(const TokenFile&) = delete;
     TokenFile& operator=(const TokenFile&) = delete;
 };
-void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens);
+// Version 1 without document starts; version 2 with them (ascending, the first 0, each below the count).
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
+                      const std::vector<uint64_t>& doc_starts = {});
 
 // The whole training state of every GPU (collective). load returns false if dir has none.
 void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t data_state, cudaStream_t s,

@@ -104,28 +104,56 @@ Mapped::~Mapped() {
 
 // =============================================================================================
 // Token files
-uint64_t check_token_file(const uint8_t* data, size_t size, int vocab, const std::string& label) {
+static uint64_t read_u64(const uint8_t* p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+TokenFileContents check_token_file(const uint8_t* data, size_t size, int vocab, const std::string& label) {
     if (size < 24 || memcmp(data, "LLTOKENS", 8) != 0)
         usage_error(label + ": not a token file (no LLTOKENS header; see README for the format)");
-    uint32_t version, width;
-    uint64_t count;
-    memcpy(&version, data + 8, 4);
+    TokenFileContents c;
+    uint32_t width;
+    memcpy(&c.version, data + 8, 4);
     memcpy(&width, data + 12, 4);
-    memcpy(&count, data + 16, 8);
-    if (version != 1 || width != 4)
-        usage_error(label + ": version " + std::to_string(version) + ", " + std::to_string(width) +
-                    "-byte tokens (version 1, 4 bytes expected)");
-    if (count > (size - 24) / 4)
-        usage_error(label + ": header says " + std::to_string(count) + " tokens, the file holds " +
-                    std::to_string((size - 24) / 4) + " (truncated?)");
+    c.count = read_u64(data + 16);
+    if ((c.version != 1 && c.version != 2) || width != 4)
+        usage_error(label + ": version " + std::to_string(c.version) + ", " + std::to_string(width) +
+                    "-byte tokens (version 1 or 2, 4 bytes expected)");
+    const size_t header = c.version == 1 ? 24 : 32;
+    if (size < header) usage_error(label + ": truncated version-2 header (" + std::to_string(size) + " bytes)");
+    if (c.version == 2) c.docs = read_u64(data + 24);
+    // The size the header says, without overflow: header + 4 N + 8 M.
+    const size_t room = size - header;
+    const bool fits = c.count <= room / 4 && c.docs <= (room - 4 * c.count) / 8;
+    if (!fits || header + 4 * c.count + 8 * c.docs != size)
+        usage_error(label + ": the header says " + std::to_string(c.count) + " tokens" +
+                    (c.version == 2 ? " and " + std::to_string(c.docs) + " documents" : "") + ", " +
+                    (fits ? "but " + std::to_string(size - header - 4 * c.count - 8 * c.docs) +
+                                " more bytes follow them"
+                          : "more than the file's " + std::to_string(size) + " bytes hold (truncated?)"));
+    c.tokens_at = header, c.docs_at = header + 4 * c.count;
     // A plain loop that stops at the first bad token: the mapping's page faults, not these
     // comparisons, set its speed.
-    const uint32_t* tokens = (const uint32_t*)(data + 24);
-    for (uint64_t i = 0; i < count; i++)
+    const uint32_t* tokens = (const uint32_t*)(data + c.tokens_at);
+    for (uint64_t i = 0; i < c.count; i++)
         if (tokens[i] >= (uint32_t)vocab)
             usage_error(label + ": token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
                         " is outside the vocabulary (" + std::to_string(vocab) + ")");
-    return count;
+    if (c.version == 2 && (c.docs == 0) != (c.count == 0))
+        usage_error(label + ": " + std::to_string(c.count) + " tokens in " + std::to_string(c.docs) +
+                    " documents (every token belongs to one)");
+    for (uint64_t d = 0; d < c.docs; d++) {
+        const uint64_t start = read_u64(data + c.docs_at + 8 * d), before = d ? read_u64(data + c.docs_at + 8 * (d - 1)) : 0;
+        const std::string at = "document " + std::to_string(d) + " starts at token " + std::to_string(start);
+        if (d == 0 && start != 0) usage_error(label + ": " + at + " (the first document starts at 0)");
+        if (d > 0 && start <= before)
+            usage_error(label + ": " + at + ", not after document " + std::to_string(d - 1) + "'s start " +
+                        std::to_string(before) + " (starts ascend)");
+        if (start >= c.count) usage_error(label + ": " + at + ", past the last token (" + std::to_string(c.count) + ")");
+    }
+    return c;
 }
 
 // =============================================================================================

@@ -43,9 +43,20 @@ struct Mapped {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Token files: "LLTOKENS", uint32 version 1, uint32 bytes per token 4, uint64 count, then count
-// little-endian uint32 tokens, each below the vocabulary. Returns count; `label` names the file.
-uint64_t check_token_file(const uint8_t* data, size_t size, int vocab, const std::string& label);
+// Token files (little-endian throughout):
+//   version 1: "LLTOKENS", uint32 1, uint32 bytes per token (4), uint64 token count N, then the N
+//              uint32 tokens: one document;
+//   version 2: "LLTOKENS", uint32 2, uint32 4, uint64 N, uint64 document count M, the N tokens,
+//              then M uint64 document starts: ascending, the first 0, each below N (M = 0 only
+//              when N = 0).
+// Every token is below the vocabulary, and the file's size is exactly what its header says.
+// `label` names the file in the usage error that refuses anything else.
+struct TokenFileContents {
+    uint32_t version = 1;
+    uint64_t count = 0, docs = 0;        // tokens, documents
+    size_t tokens_at = 0, docs_at = 0;   // byte offsets of the tokens and of the document starts
+};
+TokenFileContents check_token_file(const uint8_t* data, size_t size, int vocab, const std::string& label);
 
 // ---------------------------------------------------------------------------------------------
 // safetensors: uint64 header length N, N bytes of JSON header, then the data buffer. The header

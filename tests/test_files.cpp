@@ -415,6 +415,65 @@ TEST(TokenFiles, RoundTripAndErrors) {
     EXPECT_EQ(fatal_code([&] { TokenFile tf(dir + "/none.bin", 512); }), EXIT_USAGE);
 }
 
+// Version 2: the same tokens, and where each document starts; read back exactly.
+TEST(TokenFiles, Version2HoldsDocuments) {
+    std::string dir = tmpdir("tok2");
+    const std::vector<uint32_t> toks = {1, 2, 3, 500, 7, 8, 9};
+    const std::vector<uint64_t> starts = {0, 1, 4, 6};
+    write_token_file(dir + "/docs.bin", toks, starts);
+    TokenFile tf(dir + "/docs.bin", 512);
+    EXPECT_EQ(tf.version, 2u);
+    ASSERT_EQ(tf.count, toks.size());
+    for (size_t i = 0; i < toks.size(); i++) EXPECT_EQ(tf.tokens[i], toks[i]);
+    EXPECT_EQ(tf.doc_starts, starts);
+    write_token_file(dir + "/v1.bin", toks);
+    TokenFile v1(dir + "/v1.bin", 512);  // version 1 reads as one document
+    EXPECT_EQ(v1.version, 1u);
+    EXPECT_EQ(v1.doc_starts, std::vector<uint64_t>{0});
+}
+
+// A file is exactly as long as its header says, and its documents' starts are an index of it:
+// anything else is a usage error naming the file and what is wrong.
+TEST(TokenFiles, SizesAndIndexesAreStrict) {
+    std::string dir = tmpdir("strict");
+    auto bytes_of = [&](const std::string& name) {
+        std::ifstream in(dir + "/" + name, std::ios::binary);
+        return std::string((std::istreambuf_iterator<char>(in)), {});
+    };
+    auto refused = [&](const std::string& content, const std::string& why) {
+        std::ofstream(dir + "/bad.bin", std::ios::binary) << content;
+        std::string msg;
+        EXPECT_EQ(fatal_code([&] { TokenFile tf(dir + "/bad.bin", 512); }, &msg), EXIT_USAGE) << why;
+        EXPECT_NE(msg.find("--data '" + dir + "/bad.bin'"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(why), std::string::npos) << msg;
+    };
+    write_token_file(dir + "/v1.bin", {1, 2, 3});
+    const std::string v1 = bytes_of("v1.bin");
+    refused(v1 + std::string(4, '\0'), "but 4 more bytes follow them");
+    std::string fewer = v1;
+    fewer[16] = 2;  // a count smaller than the tokens that follow
+    refused(fewer, "the header says 2 tokens, but 4 more bytes follow them");
+    refused(v1.substr(0, v1.size() - 1), "truncated");
+    auto v2 = [&](const std::vector<uint32_t>& toks, const std::vector<uint64_t>& starts) {
+        write_token_file(dir + "/v2.bin", toks, starts);
+        return bytes_of("v2.bin");
+    };
+    refused(v2({1, 2, 3, 4}, {0, 3, 2}), "document 2 starts at token 2, not after document 1's start 3");
+    refused(v2({1, 2, 3, 4}, {0, 2, 2}), "document 2 starts at token 2, not after document 1's start 2");
+    refused(v2({1, 2, 3}, {1}), "document 0 starts at token 1 (the first document starts at 0)");
+    refused(v2({1, 2, 3}, {0, 3}), "document 1 starts at token 3, past the last token (3)");
+    refused(v2({1, 2, 3}, {0}) + std::string(8, '\0'), "and 1 documents, but 8 more bytes follow them");
+    std::string more_docs = v2({1, 2, 3}, {0});
+    more_docs[24] = 2;  // two documents counted, one start written
+    refused(more_docs, "truncated");
+    std::string no_docs = v2({1, 2, 3}, {0});
+    no_docs[24] = 0;
+    refused(no_docs.substr(0, no_docs.size() - 8), "3 tokens in 0 documents");
+    std::string v3 = v1;
+    v3[8] = 3;
+    refused(v3, "version 3, 4-byte tokens (version 1 or 2, 4 bytes expected)");
+}
+
 TEST(TokenFiles, WindowsComeFromTheFile) {
     std::string dir = tmpdir("win");
     std::vector<uint32_t> toks(1000);

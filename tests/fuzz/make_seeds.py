@@ -23,7 +23,26 @@ put("tokens", "empty", tokens(0, []))
 put("tokens", "trailing_bytes", tokens(2, [4, 5], b"\0\0"))
 put("tokens", "outside_vocabulary", tokens(3, [1, 600, 2]))
 put("tokens", "truncated", tokens(4, [1, 2]))
-put("tokens", "version_2", b"LLTOKENS" + struct.pack("<IIQ", 2, 4, 0))
+put("tokens", "version_3", b"LLTOKENS" + struct.pack("<IIQ", 3, 4, 0))
+
+
+def tokens2(values, starts, tail=b"", count=None, docs=None):
+    n = len(values) if count is None else count
+    m = len(starts) if docs is None else docs
+    return (b"LLTOKENS" + struct.pack("<IIQQ", 2, 4, n, m) + struct.pack(f"<{len(values)}I", *values) +
+            struct.pack(f"<{len(starts)}Q", *starts) + tail)
+
+
+put("tokens", "v2_valid", tokens2([1, 2, 3, 500, 7, 8], [0, 2, 5]))
+put("tokens", "v2_one_document", tokens2([9, 9, 9], [0]))
+put("tokens", "v2_one_token_documents", tokens2([1, 2, 3], [0, 1, 2]))
+put("tokens", "v2_empty", tokens2([], []))
+put("tokens", "v2_not_ascending", tokens2([1, 2, 3, 4], [0, 3, 2]))
+put("tokens", "v2_first_not_zero", tokens2([1, 2, 3], [1]))
+put("tokens", "v2_start_past_end", tokens2([1, 2, 3], [0, 3]))
+put("tokens", "v2_trailing_bytes", tokens2([1, 2], [0], b"\0\0\0\0"))
+put("tokens", "v2_truncated", tokens2([1, 2], [0], docs=2))
+put("tokens", "v2_no_documents", tokens2([1, 2], []))
 
 
 def safetensors(tensors, metadata=None, pad=True, extra=b""):
