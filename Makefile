@@ -35,7 +35,7 @@ HEADERS   := llama.h $(wildcard beyond/*.h kernels/*.h kernels/*.cuh io/*.h infr
 LIB_OBJS  := build/llama.o build/fsdp.o build/ulysses.o build/offload.o build/chunked.o \
              build/beyond/savings.o build/beyond/selective.o \
              build/kernels/kernels.o build/kernels/gemm.o build/kernels/attention.o build/kernels/attention_hopper.o \
-             build/io/files.o build/io/json.o build/io/input_files.o \
+             build/io/files.o build/io/data.o build/io/json.o build/io/input_files.o \
              build/infra/memory.o build/infra/comm.o build/infra/timeline.o
 APP_OBJS  := build/infra/launch.o build/infra/ladder.o
 TEST_BINS := build/tests/test_reference build/tests/test_source build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \

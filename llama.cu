@@ -76,7 +76,8 @@ void attention_block_forward(Model& m, int l, cudaStream_t s) {
     LayerActivations& a = m.layers[l];
     const int64_t QKV = c.qkv_dim();
     const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + c.q_dim(), .v = a.qkv + c.q_dim() + c.kv_dim(),
-                                  .ldq = QKV, .ldk = QKV, .ldv = QKV, .out = a.att, .ldo = c.q_dim(), .lse = a.lse};
+                                  .ldq = QKV, .ldk = QKV, .ldv = QKV, .out = a.att, .ldo = c.q_dim(), .lse = a.lse,
+                                  .docs = step_attention_docs(m)};
     layer_attention_forward(m, l, fa, attention_call_shape(m), s);
 }
 
@@ -89,7 +90,7 @@ void qkv_forward(Model& m, int l, cudaStream_t s) {
         attention_norm_forward(m, l, t0, t1, s);
         linear_forward(qkv, m.layers[l].xn1, m.w(P_WQKV, l), nullptr, t1 - t0, c.dim, QKV, s);
         rope_apply(qkv, t1 - t0, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim,
-                   QKV, m.inv_freq, false, s);
+                   QKV, m.inv_freq, false, s, step_doc_positions(m));
     });
 }
 
@@ -192,7 +193,7 @@ static void qkv_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s
     const int64_t n = t1 - t0, QKV = c.qkv_dim();
     bf16* dqkv = at(dqkv_of_tokens(m), t0, QKV);
     rope_apply(dqkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
-               m.inv_freq, true, s);
+               m.inv_freq, true, s, step_doc_positions(m));
     recompute_attention_norm(m, l, t0, t1, s);  // offload.cu (checkpointing): xn1, if it was not kept
     linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), n, c.dim, QKV, s);
     linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, n, c.dim, QKV, s);
@@ -211,7 +212,8 @@ static void attention_block_backward(Model& m, int l, cudaStream_t s) {
         const AttentionBackwardArgs ba{.q = a.qkv, .k = a.qkv + Q, .v = a.qkv + Q + K, .out = a.att, .dout = m.datt,
                                        .ldq = QKV, .ldk = QKV, .ldv = QKV, .ldo = Q, .lddo = Q, .lse = a.lse,
                                        .dq = m.dqkv, .dk = m.dqkv + Q, .dv = m.dqkv + Q + K, .lddq = QKV,
-                                       .lddk = QKV, .lddv = QKV, .delta = m.delta, .dq_accum = m.dq_accum};
+                                       .lddk = QKV, .lddv = QKV, .delta = m.delta, .dq_accum = m.dq_accum,
+                                       .docs = step_attention_docs(m)};
         layer_attention_backward(m, l, ba, attention_call_shape(m), s);
     }
     for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { qkv_backward(m, l, t0, t1, s); });
@@ -381,11 +383,28 @@ void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaS
                      m.adam_v + seg.local, seg.count, opt, seg.tensor->decay, m.scalars + 2, s);
 }
 
-double model_step_flops(const LlamaConfig& c, const RunShape& shape) {  // per GPU
+double model_step_flops(const LlamaConfig& c, const RunShape& shape, double attention_share) {  // per GPU
     double matmul = 6.0 * (double)count_matmul_params(c) * (double)shape.tokens();
     AttentionShape sh{shape.batch, shape.seq, c.n_heads / shape.sp, c.n_kv_heads, c.head_dim};
-    double attn = 3.5 * attention_forward_flops(sh) * c.n_layers;
+    double attn = 3.5 * attention_forward_flops(sh) * c.n_layers * attention_share;
     return matmul + attn;
+}
+
+double document_attention_share(const StepDocuments& docs, int64_t seq, int batch) {
+    const int64_t n = (int64_t)docs.start.size(), end = (int64_t)batch * seq;
+    double pairs = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double len = (double)((i + 1 < n ? docs.start[i + 1] : end) - docs.start[i]);
+        pairs += len * len / 2;
+    }
+    return n ? pairs / (batch * (double)seq * seq / 2) : 1.0;
+}
+
+AttentionDocs step_attention_docs(const Model& m) {
+    return m.opt.doc_mask ? AttentionDocs{m.doc_start, m.n_docs} : AttentionDocs{};
+}
+DocPositions step_doc_positions(const Model& m) {
+    return m.opt.doc_mask ? DocPositions{m.doc_start, m.doc_first_position, m.n_docs} : DocPositions{};
 }
 
 int64_t model_host_bytes(const Model& m) { return offload_host_bytes(m) + selective_host_bytes(m); }
@@ -542,6 +561,10 @@ static void declare_chunk_work_and_inputs(Model& m, Arena& A) {
     m.emb_group_begin = A.take<int64_t>("embedding group starts", MEM_OTHER, max_groups + 1);
     m.emb_positions = A.take<int64_t>("embedding positions", MEM_OTHER, T);
     m.inv_freq = A.take<double>("rope frequencies", MEM_OTHER, c.head_dim / 2);
+    if (m.opt.doc_mask) {  // the step's documents: their starts and first positions
+        m.doc_start = A.take<int64_t>("document starts", MEM_OTHER, m.opt.max_docs);
+        m.doc_first_position = A.take<int64_t>("document first positions", MEM_OTHER, m.opt.max_docs);
+    }
     m.gemm_workspace = A.take_bytes("cuBLASLt workspace", MEM_WORKSPACE, m.gemm_workspace_bytes);
 }
 
@@ -624,8 +647,32 @@ void model_init_weights(Model& m, uint64_t seed, cudaStream_t s) {
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s, int64_t n_valid) {
+// The step's documents to the device, checked: ascending starts within the sequences this GPU's
+// attention sees, every sequence's first token one of them, no more than the plan has room for.
+static void set_documents(Model& m, const StepDocuments* docs, cudaStream_t s) {
+    const int64_t end = (int64_t)m.shape.batch * m.shape.seq;
+    if (!docs || docs->start.empty() || docs->start.size() != docs->first_position.size())
+        runtime_error("--doc-mask: a step without its documents");
+    const int64_t n = (int64_t)docs->start.size();
+    if (n > m.opt.max_docs)
+        runtime_error("--doc-mask: " + std::to_string(n) + " documents in a step planned for " +
+                      std::to_string(m.opt.max_docs));
+    for (int64_t i = 0, b = 0; i < n; i++) {
+        const int64_t x = docs->start[i];
+        if (x < 0 || x >= end || (i > 0 && x <= docs->start[i - 1]) || docs->first_position[i] < 0)
+            runtime_error("--doc-mask: document starts must ascend within the step's sequences");
+        if (x > b * m.shape.seq) runtime_error("--doc-mask: every sequence's first token starts a document");
+        if (x == b * m.shape.seq) b++;
+    }
+    m.n_docs = n;
+    CUDA_CHECK(cudaMemcpyAsync(m.doc_start, docs->start.data(), n * 8, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(m.doc_first_position, docs->first_position.data(), n * 8, cudaMemcpyHostToDevice, s));
+}
+
+void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s, int64_t n_valid,
+                     const StepDocuments* docs) {
     const int64_t T = m.shape.tokens();
+    if (m.opt.doc_mask) set_documents(m, docs, s);
     CUDA_CHECK(cudaMemcpyAsync(m.tokens, tokens, T * sizeof(int32_t), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(m.targets, targets, T * sizeof(int32_t), cudaMemcpyHostToDevice, s));
     EmbeddingGroups& g = m.emb_groups;

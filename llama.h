@@ -61,6 +61,9 @@ struct StepOptions {
                                    // attention outputs the host cannot hold (-1: what the cap leaves)
     int rebuild_inputs = -1;       // --rebuild-inputs: at most this many block inputs =selective --offload
                                    // rebuilds instead of keeping, for more attention outputs (-1: any)
+    // Packed documents.
+    bool doc_mask = false;           // --doc-mask: attention inside each document, RoPE positions from its start
+    int64_t max_docs = 0;            // --doc-mask: the most documents this GPU's sequences of a step hold
     // Kernels and chunk sizes.
     bool fused_attention = false;    // --attention fused: attention's backward adds dQ in an fp32 buffer
     int64_t chunk_tokens = 0;        // --chunk-tokens; 0: the hidden size (ALST's tile)
@@ -192,6 +195,11 @@ struct Model {
     // Inputs
     int32_t *tokens = nullptr, *targets = nullptr;
     int64_t n_valid_targets = 0;  // targets != -1 in this step's batch (the loss is their mean)
+    // --doc-mask: the step's documents in the flat [batch][seq] order of the sequences this GPU's
+    // attention sees (under Ulysses the whole sequence): where each starts, the position of its
+    // first token; n_docs of them (model_set_batch).
+    int64_t *doc_start = nullptr, *doc_first_position = nullptr;
+    int64_t n_docs = 0;
     EmbeddingGroups emb_groups;   // host side of the embedding backward's grouping
     int32_t* emb_group_token = nullptr;
     int64_t *emb_group_begin = nullptr, *emb_positions = nullptr;
@@ -236,10 +244,20 @@ void model_init_weights(Model& m, uint64_t seed, cudaStream_t s);
 // The initial values [offset, offset + count) of tensor t for a seed, into f32 or (f32 null) bf16.
 void init_param_values(const Model& m, const ParamTensor& t, int64_t offset, int64_t count, uint64_t seed,
                        float* f32, bf16* b16, cudaStream_t s);
-// Upload this step's tokens and targets (host arrays of shape.tokens(), this GPU's part).
-// n_valid: targets != -1 over the whole step on all GPUs (the loss is their mean); -1: count here.
+// The documents of a step (--doc-mask), in the flat [batch][seq] order of the sequences this
+// GPU's attention sees: where each starts (every sequence's first token starts one; ascending)
+// and the RoPE position of its first token (0, or where the window cut into it).
+struct StepDocuments {
+    std::vector<int64_t> start, first_position;
+};
+// Upload this step's tokens and targets (host arrays of shape.tokens(), this GPU's part), and with
+// --doc-mask its documents. n_valid: targets != -1 over the whole step on all GPUs (the loss is
+// their mean); -1: count here.
 void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s,
-                     int64_t n_valid = -1);
+                     int64_t n_valid = -1, const StepDocuments* docs = nullptr);
+// The step's documents as attention and RoPE take them: none without --doc-mask.
+AttentionDocs step_attention_docs(const Model& m);
+DocPositions step_doc_positions(const Model& m);
 // Forward and backward of one step. Returns nothing; the loss sum lands in m.scalars[0].
 // progress (may be null) is called after each layer with (phase "fwd"/"bwd", layer index).
 typedef void (*ProgressFn)(void* ctx, const char* phase, int layer);
@@ -248,8 +266,12 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress = null
 // Gradient clipping and AdamW over all parameters. Returns nothing (grad norm in scalars[1]).
 void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s);
 // FLOPs of one training step (forward + backward), for TFLOP/s and MFU. Model FLOPs: the
-// recomputation of --ckpt is not counted (MFU's convention).
-double model_step_flops(const LlamaConfig& cfg, const RunShape& shape);
+// recomputation of --ckpt is not counted (MFU's convention). attention_share: the share of causal
+// attention's query-key pairs that the step's documents allow (1 without --doc-mask).
+double model_step_flops(const LlamaConfig& cfg, const RunShape& shape, double attention_share = 1.0);
+// That share for documents of these lengths in sequences of seq tokens (a document of n tokens:
+// n^2 / 2 pairs, as causal attention's S^2 / 2).
+double document_attention_share(const StepDocuments& docs, int64_t seq, int batch);
 // The units (infra/common.h param_layout) in the order the step acquires their weights.
 std::vector<int> model_unit_order(const Model& m);
 int64_t model_host_bytes(const Model& m);  // pinned host bytes of the step: offloaded activations

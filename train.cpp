@@ -120,6 +120,19 @@ static const std::vector<Flag> FLAGS = {
     {"--task-vocab", Takes::VALUE, " N", 0,
      "synthetic tokens are drawn from [0, N) (default min(1024, vocabulary); induction: the vocabulary)",
      [](Options& o, V f, V v) { o.task_vocab = (int)parse_int(f, v, 2, 1 << 30); }},
+    {"--doc-lengths", Takes::VALUE, " MIN,MAX", 0,
+     "the synthetic task in documents of MIN to MAX tokens (uniform; suffixes K, M), each its own\n"
+     "copy or induction problem; without it a sequence is one",
+     [](Options& o, V f, V v) {
+         const std::vector<std::string> mm = split_commas(v);
+         if (mm.size() != 2) usage_error(f + " takes MIN,MAX, got '" + v + "'");
+         o.doc_min = parse_tokens(f, mm[0]), o.doc_max = parse_tokens(f, mm[1]);
+     }},
+    {"--doc-mask", Takes::NOTHING, "", 0,
+     "packed documents: a token attends only to earlier tokens of its own document, RoPE\n"
+     "positions count from the document's start, and a document's last token is not scored on\n"
+     "the next one's first (the documents of --data's version-2 file, or of --doc-lengths)",
+     [](Options& o, V, V) { o.step.doc_mask = true; }},
     {"--seed", Takes::VALUE, " N", 0, "weights and data; the same seed gives the same losses (default 1234)",
      [](Options& o, V f, V v) { o.seed = (uint64_t)parse_int(f, v, 0, INT64_MAX); }},
     {"--steps", Takes::VALUE, " N", 1, "training steps (default 10)", [](Options& o, V f, V v) { o.steps = (int)parse_int(f, v, 0, 1 << 30); }},
@@ -279,6 +292,20 @@ static const Flag& find_flag(const std::string& name, const char* as_typed) {
 }
 
 // What the flags imply and what they cannot be given with; a usage error names the conflict.
+static void check_document_options(const Options& o) {
+    if (o.doc_min > 0) {
+        if (!o.data_path.empty()) usage_error("--doc-lengths makes synthetic documents: --data brings its own");
+        if (o.task != "copy" && o.task != "induction")
+            usage_error("--doc-lengths cuts the copy or induction task into documents, not --task " + o.task);
+        if (o.doc_min < 2 || o.doc_max < o.doc_min)
+            usage_error("--doc-lengths MIN,MAX needs 2 <= MIN <= MAX, got " + std::to_string(o.doc_min) + "," +
+                        std::to_string(o.doc_max));
+    }
+    if (o.step.doc_mask && o.data_path.empty() && o.doc_min == 0)
+        usage_error("--doc-mask needs documents: a --data file, or --doc-lengths MIN,MAX");
+    if (o.step.doc_mask && o.ladder) usage_error("--ladder plans the talk's runs on one document a sequence: leave out --doc-mask");
+}
+
 static void check_options(Options& o) {
     if (o.task != "copy" && o.task != "induction" && o.task != "random")
         usage_error("--task must be 'copy', 'induction' or 'random', got '" + o.task + "'");
@@ -304,6 +331,7 @@ static void check_options(Options& o) {
     if ((o.step.chunk_tokens || o.step.loss_chunk_tokens) && !o.step.chunked)
         usage_error("--chunk-tokens and --loss-chunk-tokens need --chunked");
     if (!o.mem_trace_path.empty() && o.steps < 1) usage_error("--mem-trace traces a step: it needs --steps 1 or more");
+    check_document_options(o);
 }
 
 Options parse_options(int argc, char** argv) {
@@ -348,57 +376,7 @@ LlamaConfig resolve_config(const Options& o) {
 }
 
 // =============================================================================================
-// Synthetic data and the learning-rate schedule.
-uint64_t SyntheticData::next_u64() {  // splitmix64: small, fast, reproducible everywhere
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-void SyntheticData::next(int32_t* tokens, int32_t* targets, int batch, int64_t seq) {
-    if (file) {  // windows of a token file
-        offsets.clear();
-        for (int b = 0; b < batch; b++) {
-            uint64_t offset = next_u64() % (file->count - (uint64_t)seq);
-            offsets.push_back(offset);
-            for (int64_t i = 0; i < seq; i++) {
-                tokens[b * seq + i] = (int32_t)file->tokens[offset + i];
-                targets[b * seq + i] = (int32_t)file->tokens[offset + i + 1];
-            }
-        }
-        return;
-    }
-    // Each sequence is seq + 1 tokens z; inputs z[0..seq-1], targets z[1..seq]. copy and
-    // induction: z[half + i] = z[i], and only those targets are scored.
-    const bool repeats = task == "copy" || task == "induction";
-    std::vector<int32_t> z(seq + 1);
-    for (int b = 0; b < batch; b++) {
-        const int64_t half = (seq + 1) / 2;
-        if (task == "induction") {  // a fresh pool each sequence: the sampler's state stays one number
-            pool.resize(vocab);
-            for (int32_t v = 0; v < vocab; v++) pool[v] = v;
-        }
-        for (int64_t i = 0; i <= seq; i++) {
-            const bool copied = repeats && i >= half && i < 2 * half;
-            z[i] = copied ? z[i - half] : task == "induction" && i < half ? next_distinct(i) : (int32_t)(next_u32() % (uint32_t)vocab);
-        }
-        for (int64_t i = 0; i < seq; i++) {
-            tokens[b * seq + i] = z[i];
-            const bool scored = !repeats || (i + 1 >= half && i + 1 < 2 * half);
-            targets[b * seq + i] = scored ? z[i + 1] : -1;
-        }
-    }
-}
-
-// The i-th token of a sample without repeats from [0, vocab): one step of a Fisher-Yates shuffle
-// of the pool, whose first i entries are the sample so far.
-int32_t SyntheticData::next_distinct(int64_t i) {
-    const int64_t j = i + (int64_t)(next_u64() % (uint64_t)(vocab - i));
-    std::swap(pool[i], pool[j]);
-    return pool[i];
-}
-
+// The learning-rate schedule.
 double lr_at(const Options& o, int step) {
     int warmup = o.warmup >= 0 ? o.warmup : std::max(1, o.steps / 10);
     if (step < warmup) return o.lr * (step + 1) / warmup;
@@ -693,13 +671,29 @@ struct Run {
     FILE* log = nullptr;
 };
 
+// The data of a run (the synthetic task, or windows of the token file).
+static SyntheticData make_data(const Run& r) {
+    SyntheticData data(r.o.task, r.o.task_vocab, r.o.seed ^ 0x5eedda7aull);
+    data.file = r.token_file.get();
+    data.doc_min = r.o.doc_min, data.doc_max = r.o.doc_max;
+    return data;
+}
+
+// --doc-mask: the most documents this GPU's sequences of a step can hold, the room the plan
+// keeps for their starts. A token file is read for it (its documents' starts).
+static int64_t documents_per_step(Run& r) {
+    if (!r.o.data_path.empty() && !r.token_file) r.token_file.reset(new TokenFile(r.o.data_path, r.cfg.vocab));
+    return make_data(r).max_docs_per_sequence(r.o.seq_len) * r.o.batch;
+}
+
 // The model, its shape on this GPU and its memory plan (no GPU needed).
 static void plan_run(Run& r) {
     Options& o = r.o;
     r.cfg = resolve_config(o);
     if (o.task_vocab < 0) o.task_vocab = o.task == "induction" ? r.cfg.vocab : std::min(1024, r.cfg.vocab);
-    if (o.task == "induction" && o.data_path.empty() && o.task_vocab < (o.seq_len + 1) / 2)
-        usage_error("--task induction draws the first half of a sequence, " + std::to_string((o.seq_len + 1) / 2) +
+    const int64_t longest_doc = o.doc_min > 0 ? std::min(o.doc_max, o.seq_len + 1) : o.seq_len + 1;
+    if (o.task == "induction" && o.data_path.empty() && o.task_vocab < longest_doc / 2)
+        usage_error("--task induction draws the first half of a document, " + std::to_string(longest_doc / 2) +
                     " tokens, without repeats: --task-vocab " + std::to_string(o.task_vocab) + " is too few (" +
                     r.cfg.name + "'s vocabulary: " + std::to_string(r.cfg.vocab) + ")");
     r.simulated = r.launch.world == 1 && o.sim_world > 1;
@@ -717,6 +711,7 @@ static void plan_run(Run& r) {
     m.shape.sp_rank = o.step.ulysses ? r.rank : 0;
     ulysses_check(r.cfg, m.shape);
     untied_check(r.cfg, m.shape, o.step.untied);
+    if (o.step.doc_mask) m.opt.max_docs = o.step.max_docs = documents_per_step(r);
     model_declare_buffers(m, r.arena);
     r.host_bytes = model_host_bytes(m);
     r.dp = o.step.ulysses ? 1 : r.world;
@@ -855,7 +850,7 @@ static void open_inputs(Run& r) {
     const Options& o = r.o;
     if (!o.init_from.empty()) check_hf_checkpoint(r.m, o.init_from);
     if (o.data_path.empty()) return;
-    r.token_file.reset(new TokenFile(o.data_path, r.cfg.vocab));
+    if (!r.token_file) r.token_file.reset(new TokenFile(o.data_path, r.cfg.vocab));
     const uint64_t count = r.token_file->count, need = (uint64_t)o.seq_len + 1;
     if (count < need)
         usage_error("--data '" + o.data_path + "' holds " + std::to_string(count) + " tokens; a sequence of --seq-len " +
@@ -1083,12 +1078,14 @@ static void print_training(const Run& r, const SyntheticData& data) {
 struct StepReport {
     int step;
     double loss, lr, grad_norm, seconds;
+    double attention_share;  // of causal attention's pairs, the ones the step's documents allow
 };
 
 static void report_step(const Run& r, const StepReport& s, const SyntheticData& data) {
     const Options& o = r.o;
     const int64_t T = r.m.shape.tokens();
-    const double tflops = model_step_flops(r.cfg, r.m.shape) / s.seconds / 1e12, peak = gpu_peak_tflops(o, r.prop);
+    const double tflops = model_step_flops(r.cfg, r.m.shape, s.attention_share) / s.seconds / 1e12;
+    const double peak = gpu_peak_tflops(o, r.prop);
     const double driver = r.dm.driver_used_bytes() / GiB, host = host_rss_gib("VmHWM:");  // includes pinned
     const Arena& a = r.arena;
     printf("step %4d/%d  loss %8.4f%s  lr %.2e  grad norm %7.3f | %9.0f tok/s", s.step, o.steps, s.loss,
@@ -1127,6 +1124,18 @@ static void dump_first_step(Run& r, int64_t n_valid) {
 
 // Every GPU draws the whole step's data (the same seed) and keeps its part: its sequences, or
 // under Ulysses its slice of the one sequence. Either way rank r's tokens start at r T.
+// This GPU's share of the step's documents: under Ulysses the one sequence's, all of them; data
+// parallel, those of its own sequences, counted from its first.
+static StepDocuments documents_of_rank(const Run& r, const StepDocuments& all) {
+    if (r.m.shape.sp > 1) return all;
+    const int64_t lo = (int64_t)r.rank * r.o.batch * r.o.seq_len, hi = lo + (int64_t)r.o.batch * r.o.seq_len;
+    StepDocuments mine;
+    for (size_t i = 0; i < all.start.size(); i++)
+        if (all.start[i] >= lo && all.start[i] < hi)
+            mine.start.push_back(all.start[i] - lo), mine.first_position.push_back(all.first_position[i]);
+    return mine;
+}
+
 static void train_steps(Run& r, SyntheticData& data, int first_step) {
     const Options& o = r.o;
     Model& m = r.m;
@@ -1136,11 +1145,14 @@ static void train_steps(Run& r, SyntheticData& data, int first_step) {
     CUDA_CHECK(cudaEventCreate(&ev0));
     CUDA_CHECK(cudaEventCreate(&ev1));
     double last_step_s = model_step_flops(r.cfg, m.shape) / 150e12;  // guess for the first step: 150 TFLOP/s
+    StepDocuments all_docs, docs;
     for (int step = first_step; step < o.steps; step++) {
-        data.next(all_tokens.data(), all_targets.data(), o.batch * r.dp, o.seq_len);
+        data.next(all_tokens.data(), all_targets.data(), o.batch * r.dp, o.seq_len, o.step.doc_mask ? &all_docs : nullptr);
         int64_t n_valid = 0;
         for (int32_t t : all_targets) n_valid += t >= 0;
-        model_set_batch(m, all_tokens.data() + r.rank * T, all_targets.data() + r.rank * T, r.stream, n_valid);
+        if (o.step.doc_mask) docs = documents_of_rank(r, all_docs);
+        model_set_batch(m, all_tokens.data() + r.rank * T, all_targets.data() + r.rank * T, r.stream, n_valid,
+                        o.step.doc_mask ? &docs : nullptr);
         Progress prog{std::chrono::steady_clock::now(), r.cfg.n_layers, r.stream, &m};
         const bool show_progress = r.lead && last_step_s > 10.0;  // long steps show per-layer progress
         AdamW opt;
@@ -1161,7 +1173,8 @@ static void train_steps(Run& r, SyntheticData& data, int first_step) {
         float ms = 0;
         CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
         const StepReport s{step + 1, n_valid > 0 ? m.host_scalars[0] / n_valid : 0.0, opt.lr,
-                           std::sqrt(m.host_scalars[1]), ms / 1000.0};
+                           std::sqrt(m.host_scalars[1]), ms / 1000.0,
+                           o.step.doc_mask ? document_attention_share(docs, o.seq_len, m.shape.batch) : 1.0};
         last_step_s = s.seconds;
         if (!std::isfinite(s.loss) && !r.simulated) runtime_error("loss is not finite at step " + std::to_string(s.step));
         if (o.state_every && (s.step % o.state_every == 0 || s.step == o.steps))
@@ -1207,8 +1220,7 @@ static int run(const Options& o, const Launch& launch) {
     if (!o.init_from.empty()) load_hf_checkpoint(r.m, o.init_from, r.stream);
     else model_init_weights(r.m, o.seed, r.stream);
     open_log(r);
-    SyntheticData data(r.o.task, r.o.task_vocab, o.seed ^ 0x5eedda7aull);
-    data.file = r.token_file.get();
+    SyntheticData data = make_data(r);
     const int first_step = resume_or_start(r, data);
     if (r.lead) print_training(r, data);
     train_steps(r, data, first_step);

@@ -292,7 +292,8 @@ void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
     const int64_t qd = (int64_t)g.q * g.d;
     ulysses_qkv_to_heads(m, l, s);
     const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + qd, .v = a.qkv + qd + (int64_t)g.kv * g.d, .ldq = g.WH,
-                                  .ldk = g.WH, .ldv = g.WH, .out = u.heads_out, .ldo = qd, .lse = a.lse};
+                                  .ldk = g.WH, .ldv = g.WH, .out = u.heads_out, .ldo = qd, .lse = a.lse,
+                                  .docs = step_attention_docs(m)};
     layer_attention_forward(m, l, fa, ulysses_attention_shape(m), s);
     // Head-sharded output -> token-sharded a.att [T, Hq d]: rows of GPU j's tokens go to GPU j.
     layer_all_to_all(m, l, u.receive, u.heads_out, g.T * qd, DType::BF16, s);
@@ -319,7 +320,7 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
                                    .dout = u.heads_out, .ldq = g.WH, .ldk = g.WH, .ldv = g.WH, .ldo = 0, .lddo = qd,
                                    .lse = a.lse, .dq = u.heads_dqkv, .dk = u.heads_dqkv + qd,
                                    .dv = u.heads_dqkv + qd + kvd, .lddq = g.WH, .lddk = g.WH, .lddv = g.WH,
-                                   .delta = m.delta, .dq_accum = m.dq_accum};
+                                   .delta = m.delta, .dq_accum = m.dq_accum, .docs = step_attention_docs(m)};
     layer_attention_backward(m, l, ba, ulysses_attention_shape(m), s);
     // Head-sharded dq, dk, dv -> token-sharded d q|k|v [T, QKV] in the send staging (replicated
     // KV heads summed), where qkv_backward reads it.
@@ -401,10 +402,10 @@ void untied_project(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
     }, s);
     for (int j = 0; j < p.sp; j++) {
         rope_apply(p.send + (int64_t)j * p.T * w, p.T, 0, m.shape.seq, m.shape.first_position(), p.K,
-                   (int)p.d, w, m.inv_freq, false, s);
+                   (int)p.d, w, m.inv_freq, false, s, step_doc_positions(m));
         if (kv)
             rope_apply(p.kv_send + (int64_t)j * p.T * 2 * kvw, p.T, 0, m.shape.seq, m.shape.first_position(),
-                       p.kv, (int)p.d, 2 * kvw, m.inv_freq, false, s);
+                       p.kv, (int)p.d, 2 * kvw, m.inv_freq, false, s, step_doc_positions(m));
     }
     chunk_all_to_all(m, p, l, p.heads_q, p.send, p.T * w, DType::BF16, s);
     if (kv) chunk_all_to_all(m, p, l, p.heads_kv, p.kv_send, p.T * 2 * kvw, DType::BF16, s);
@@ -488,7 +489,8 @@ void untied_attention_forward(Model& m, int l, cudaStream_t s) {
     for (int i = 0; i < p.chunks; i++) {
         untied_project(m, p, l, i, s);
         const AttentionForwardArgs fa{.q = p.heads_q, .k = p.heads_kv, .v = p.heads_kv + kvw, .ldq = w, .ldk = 2 * kvw,
-                                      .ldv = 2 * kvw, .out = p.heads_out, .ldo = w, .lse = a.lse + (int64_t)i * p.K * p.S};
+                                      .ldv = 2 * kvw, .out = p.heads_out, .ldo = w, .lse = a.lse + (int64_t)i * p.K * p.S,
+                                      .docs = step_attention_docs(m)};
         layer_attention_forward(m, l, fa, chunk_shape(p), s);
         // Back to token-sharded, into chunk i's columns of every GPU's share of the output.
         chunk_all_to_all(m, p, l, p.receive, p.heads_out, p.T * w, DType::BF16, s);
@@ -536,7 +538,7 @@ void chunk_attention_backward(Model& m, const Untied& p, int l, int i, cudaStrea
                                    .lse = m.layers[l].lse + (int64_t)i * p.K * p.S, .dq = p.heads_dq,
                                    .dk = p.heads_dkv, .dv = p.heads_dkv + kvw, .lddq = w, .lddk = 2 * kvw,
                                    .lddv = 2 * kvw, .delta = p.heads_delta, .accumulate_dkv = !p.new_kv(i),
-                                   .dq_accum = m.dq_accum};
+                                   .dq_accum = m.dq_accum, .docs = step_attention_docs(m)};
     layer_attention_backward(m, l, ba, chunk_shape(p), s);
 }
 
@@ -557,12 +559,14 @@ void chunk_input_gradients(Model& m, const Untied& p, int l, int i, bf16* dxn1, 
     if (kv_done) chunk_all_to_all(m, p, l, p.kv_send, p.heads_dkv, p.T * 2 * kvw, DType::BF16, s);
     for (int j = 0; j < p.sp; j++) {
         bf16* dq = p.receive + (int64_t)j * p.T * w;
-        rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s);
+        rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s,
+                   step_doc_positions(m));
         add_dxn1(dq, w, Wqkv + q_row(c, p.q_first(j, i)) * p.D, w);
         if (!kv_done) continue;
         bf16* dkv = p.kv_send + (int64_t)j * p.T * 2 * kvw;
         const int g = p.kv_first(j, i);
-        rope_apply(dkv, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, true, s);
+        rope_apply(dkv, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, true, s,
+                   step_doc_positions(m));
         add_dxn1(dkv, 2 * kvw, Wqkv + k_row(c, g) * p.D, kvw);
         add_dxn1(dkv + kvw, 2 * kvw, Wqkv + v_row(c, g) * p.D, kvw);
     }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "infra/common.h"
+#include "io/data.h"
 #include "io/files.h"
 #include "llama.h"
 
@@ -24,6 +25,7 @@ struct Options {
     uint64_t seed = 1234;
     std::string task = "copy";  // copy | induction | random
     int task_vocab = -1;        // synthetic tokens are drawn from [0, task_vocab); -1: min(1024, vocab)
+    int64_t doc_min = 0, doc_max = 0;  // --doc-lengths: the synthetic task in documents of these lengths (0: one)
     double mem_cap_gib = 0;     // 0: no cap beyond the card
     double peak_tflops = 0;     // MFU denominator; 0: from the GPU's name
     StepOptions step;           // the memory techniques, stage 7's savings, chunk sizes
@@ -74,29 +76,6 @@ std::string command_line(const Options& o);
 void check_output_paths(const Options& o, bool lead);
 FILE* open_output(const std::string& path, const char* flag);
 extern const char* FUSED_NEEDS_FAST_KERNELS;
-
-// Synthetic data (no download). copy: each sequence is h random tokens followed by the same h
-// tokens again; only targets that can be predicted by looking back are scored (the rest are -1).
-// induction: the same with the first h tokens all different, so that the token before each
-// scored one occurs once in the first half: an induction head finds it however far back.
-// random: uniform tokens, every target scored (the loss cannot go below log(task_vocab)).
-// With a token file (--data), each sequence is a window of seq + 1 tokens at a random offset:
-// tokens are its first seq, targets its last seq. `state` is all there is to the sampler: the
-// training state saves it, so a resumed run sees the same data.
-struct SyntheticData {
-    std::string task;
-    int vocab;
-    uint64_t state;
-    const TokenFile* file = nullptr;
-    std::vector<uint64_t> offsets;  // with a file: where the last call's windows start
-    std::vector<int32_t> pool;      // induction: the tokens, shuffled as they are drawn without repeats
-    SyntheticData(const std::string& task_, int vocab_, uint64_t seed) : task(task_), vocab(vocab_), state(seed) {}
-    // Fill tokens and targets for `batch` sequences of `seq` tokens.
-    void next(int32_t* tokens, int32_t* targets, int batch, int64_t seq);
-    uint64_t next_u64();
-    uint32_t next_u32() { return (uint32_t)(next_u64() >> 32); }
-    int32_t next_distinct(int64_t i);
-};
 
 // The memory plan of a run (dry run of the arena): per category, plus pinned host bytes.
 struct MemoryPlan {

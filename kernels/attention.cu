@@ -29,6 +29,7 @@
 #include <algorithm>
 
 #include "attention_ptx.cuh"
+#include "documents.cuh"
 #include "llama.h"
 
 namespace {
@@ -118,6 +119,7 @@ struct Params {
     float scale;         // 1 / sqrt(d)
     float scale_log2;    // scale * log2(e): exp(x * scale) = exp2(x * scale_log2)
     bool accumulate_dkv; // dk, dv += (in fp32, stored bf16) instead of =
+    AttentionDocs docs;  // packed documents (documents.cuh), or none: causal
 };
 
 
@@ -142,20 +144,23 @@ __global__ void __launch_bounds__(THREADS) attention_forward_kernel(Params p) {
     const bf16* V = p.v + tok0 * p.ldv + (int64_t)kvh * HD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
-    // Keys 0 .. q0 + FWD_Q - 1 are visible to some row of this tile.
+    // Keys first_key(q0) .. q0 + FWD_Q - 1 are visible to some row of this tile.
+    const DocumentView docs(p.docs, p.seq);
+    const int64_t kt_begin = docs.first_key(b, q0) / FWD_K;
     const int64_t n_tiles = min((q0 + FWD_Q + FWD_K - 1) / FWD_K, (p.seq + FWD_K - 1) / FWD_K);
     load_tile<FWD_Q, HD>(sQ, Q, p.ldq, q0, p.seq);
-    load_tile<FWD_K, HD>(sK, K, p.ldk, 0, p.seq);
-    load_tile<FWD_K, HD>(sV, V, p.ldv, 0, p.seq);
+    load_tile<FWD_K, HD>(sK, K, p.ldk, kt_begin * FWD_K, p.seq);
+    load_tile<FWD_K, HD>(sV, V, p.ldv, kt_begin * FWD_K, p.seq);
     cp_async_commit();
 
     uint32_t qf[HD / 16][4];            // this warp's 16 query rows, as A fragments
     float o[HD / 8][4] = {};            // output accumulator, 16 x HD
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // rows g, g + 8
     const int64_t my_row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    const int64_t my_first[2] = {docs.first_key(b, min(my_row[0], p.seq - 1)), docs.first_key(b, min(my_row[1], p.seq - 1))};
 
-    for (int64_t kt = 0; kt < n_tiles; kt++) {
-        const int stage = kt & 1;
+    for (int64_t kt = kt_begin; kt < n_tiles; kt++) {
+        const int stage = (kt - kt_begin) & 1;
         if (kt + 1 < n_tiles) {  // prefetch the next K, V tile into the other stage
             load_tile<FWD_K, HD>(sK + (stage ^ 1) * FWD_K * LDS, K, p.ldk, (kt + 1) * FWD_K, p.seq);
             load_tile<FWD_K, HD>(sV + (stage ^ 1) * FWD_K * LDS, V, p.ldv, (kt + 1) * FWD_K, p.seq);
@@ -165,7 +170,7 @@ __global__ void __launch_bounds__(THREADS) attention_forward_kernel(Params p) {
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (kt == 0)
+        if (kt == kt_begin)
             for (int kk = 0; kk < HD / 16; kk++) load_a<LDS>(qf[kk], sQ, warp * 16, kk * 16, lane);
         const bf16* sKs = sK + stage * FWD_K * LDS;
         const bf16* sVs = sV + stage * FWD_K * LDS;
@@ -180,22 +185,25 @@ __global__ void __launch_bounds__(THREADS) attention_forward_kernel(Params p) {
                 mma(s[nt + 1], qf[kk], bk[2], bk[3]);
             }
 
-        // Scale into log2 units, mask the future (only tiles that reach the diagonal).
+        // Scale into log2 units, mask the future (only tiles that reach the diagonal) and, with
+        // documents, the keys before a row's document.
         const int64_t k0 = kt * FWD_K;
-        const bool diagonal = k0 + FWD_K > q0;
+        const bool masked = k0 + FWD_K > q0 || k0 < my_first[1];
         float tile_max[2] = {row_max[0], row_max[1]};
         for (int nt = 0; nt < FWD_K / 8; nt++)
             for (int e = 0; e < 4; e++) {
                 float x = s[nt][e] * p.scale_log2;
-                if (diagonal && k0 + nt * 8 + 2 * t + (e & 1) > my_row[e / 2]) x = -INFINITY;
+                if (masked && !DocumentView::sees(my_row[e / 2], my_first[e / 2], k0 + nt * 8 + 2 * t + (e & 1)))
+                    x = -INFINITY;
                 s[nt][e] = x;
                 tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
             }
-        // Online softmax: the four lanes of a quad hold one row between them.
+        // Online softmax: the four lanes of a quad hold one row between them. A row that has seen
+        // no key yet (its document starts later) keeps max -inf; 0 stands in for it below.
         for (int r = 0; r < 2; r++) {
             tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
             tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-            float correction = exp2f(row_max[r] - tile_max[r]);  // 0 on the first tile
+            float correction = exp2f(row_max[r] - (tile_max[r] == -INFINITY ? 0.f : tile_max[r]));  // 0 on the first tile
             row_max[r] = tile_max[r];
             row_sum[r] *= correction;
             for (int dt = 0; dt < HD / 8; dt++) {
@@ -205,7 +213,7 @@ __global__ void __launch_bounds__(THREADS) attention_forward_kernel(Params p) {
         }
         for (int nt = 0; nt < FWD_K / 8; nt++)
             for (int e = 0; e < 4; e++) {
-                s[nt][e] = exp2f(s[nt][e] - row_max[e / 2]);
+                s[nt][e] = exp2f(s[nt][e] - (row_max[e / 2] == -INFINITY ? 0.f : row_max[e / 2]));
                 row_sum[e / 2] += s[nt][e];
             }
 
@@ -278,6 +286,7 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(Params
     bf16* sdO = sQ + 2 * KV_Q * LDS;        // [2][KV_Q][LDS]
     float* sLse = (float*)(sdO + 2 * KV_Q * LDS);  // [2][KV_Q] natural-log lse
     float* sDelta = sLse + 2 * KV_Q;                // [2][KV_Q]
+    int64_t* sFirst = (int64_t*)(sDelta + 2 * KV_Q);  // [2][KV_Q] each query's first key (documents)
 
     const int64_t k_tile = blockIdx.x;  // early key tiles see the most queries: first
     const int kvh = blockIdx.y, b = blockIdx.z;
@@ -287,8 +296,11 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(Params
     load_tile<KV_K, HD>(sK, p.k + tok0 * p.ldk + (int64_t)kvh * HD, p.ldk, k0, p.seq);
     load_tile<KV_K, HD>(sV, p.v + tok0 * p.ldv + (int64_t)kvh * HD, p.ldv, k0, p.seq);
 
-    // Iteration i: query head kvh * group + i / n_qt, query tile first_qt + i % n_qt.
-    const int64_t first_qt = k0 / KV_Q, n_qt = (p.seq + KV_Q - 1) / KV_Q - first_qt;
+    // Iteration i: query head kvh * group + i / n_qt, query tile first_qt + i % n_qt: the queries
+    // from the block's first key to the end of its last key's document.
+    const DocumentView docs(p.docs, p.seq);
+    const int64_t rows_end = docs.doc_end(b, min(k0 + KV_K, p.seq) - 1);
+    const int64_t first_qt = k0 / KV_Q, n_qt = (rows_end + KV_Q - 1) / KV_Q - first_qt;
     const int64_t n_iter = n_qt * p.group;
     auto issue_loads = [&](int64_t it, int stage) {
         int h = kvh * p.group + (int)(it / n_qt);
@@ -298,6 +310,7 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(Params
         load_tile<KV_Q, HD>(sdO + stage * KV_Q * LDS, p.dout + tok0 * p.lddo + (int64_t)h * HD, p.lddo, qs, p.seq);
         load_vec<KV_Q>(sLse + stage * KV_Q, p.lse + head_row, qs, p.seq);
         load_vec<KV_Q>(sDelta + stage * KV_Q, p.delta + head_row, qs, p.seq);
+        for (int i = threadIdx.x; i < KV_Q; i += THREADS) sFirst[stage * KV_Q + i] = docs.first_key(b, min(qs + i, p.seq - 1));
         cp_async_commit();
     };
     issue_loads(0, 0);
@@ -318,6 +331,7 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(Params
         const bf16* dO = sdO + stage * KV_Q * LDS;
         const float* lse = sLse + stage * KV_Q;
         const float* delta = sDelta + stage * KV_Q;
+        const int64_t* first = sFirst + stage * KV_Q;
         const int64_t qs = (first_qt + it % n_qt) * KV_Q;
 
         // S^T = K Q^T and dP^T = V dO^T, 16 keys x 32 queries per warp.
@@ -341,7 +355,7 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dkdv_kernel(Params
             for (int e = 0; e < 4; e++) {
                 int qi = nt * 8 + 2 * t + (e & 1);
                 int64_t query = qs + qi;
-                bool visible = query >= my_key[e / 2] && query < p.seq;
+                bool visible = query < p.seq && DocumentView::sees(query, first[qi], my_key[e / 2]);
                 float pr = visible ? exp2f(st[nt][e] * p.scale_log2 - lse[qi] * LOG2E) : 0.f;
                 st[nt][e] = pr;
                 dpt[nt][e] = pr * (dpt[nt][e] - delta[qi]);
@@ -406,11 +420,14 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dq_kernel(Params p
 
     load_tile<DQ_Q, HD>(sQ, p.q + tok0 * p.ldq + (int64_t)h * HD, p.ldq, q0, p.seq);
     load_tile<DQ_Q, HD>(sdO, p.dout + tok0 * p.lddo + (int64_t)h * HD, p.lddo, q0, p.seq);
-    load_tile<DQ_K, HD>(sK, K, p.ldk, 0, p.seq);
-    load_tile<DQ_K, HD>(sV, V, p.ldv, 0, p.seq);
+    const DocumentView docs(p.docs, p.seq);
+    const int64_t kt_begin = docs.first_key(b, q0) / DQ_K;  // keys from the first row's document on
+    load_tile<DQ_K, HD>(sK, K, p.ldk, kt_begin * DQ_K, p.seq);
+    load_tile<DQ_K, HD>(sV, V, p.ldv, kt_begin * DQ_K, p.seq);
     cp_async_commit();
 
     const int64_t my_row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    const int64_t my_first[2] = {docs.first_key(b, min(my_row[0], p.seq - 1)), docs.first_key(b, min(my_row[1], p.seq - 1))};
     float lse2[2], delta[2];  // per row: lse in log2 units, delta
     const int64_t head_row = ((int64_t)b * p.n_heads + h) * p.seq;
     for (int r = 0; r < 2; r++) {
@@ -421,8 +438,8 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dq_kernel(Params p
 
     const int64_t n_tiles = min((q0 + DQ_Q + DQ_K - 1) / DQ_K, (p.seq + DQ_K - 1) / DQ_K);
     float dq[HD / 8][4] = {};
-    for (int64_t kt = 0; kt < n_tiles; kt++) {
-        const int stage = kt & 1;
+    for (int64_t kt = kt_begin; kt < n_tiles; kt++) {
+        const int stage = (kt - kt_begin) & 1;
         if (kt + 1 < n_tiles) {
             load_tile<DQ_K, HD>(sK + (stage ^ 1) * DQ_K * LDS, K, p.ldk, (kt + 1) * DQ_K, p.seq);
             load_tile<DQ_K, HD>(sV + (stage ^ 1) * DQ_K * LDS, V, p.ldv, (kt + 1) * DQ_K, p.seq);
@@ -456,7 +473,7 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dq_kernel(Params p
         for (int nt = 0; nt < DQ_K / 8; nt++)
             for (int e = 0; e < 4; e++) {
                 int64_t key = k0 + nt * 8 + 2 * t + (e & 1);
-                bool visible = key <= my_row[e / 2];
+                bool visible = DocumentView::sees(my_row[e / 2], my_first[e / 2], key);
                 float pr = visible ? exp2f(s[nt][e] * p.scale_log2 - lse2[e / 2]) : 0.f;
                 dp[nt][e] = pr * (dp[nt][e] - delta[e / 2]);
             }
@@ -490,7 +507,7 @@ __global__ void __launch_bounds__(THREADS) attention_backward_dq_kernel(Params p
 template <int HD>
 constexpr int forward_smem() { return (FWD_Q + 4 * FWD_K) * (HD + PAD) * 2; }
 template <int HD>
-constexpr int dkdv_smem() { return (2 * KV_K + 4 * KV_Q) * (HD + PAD) * 2 + 4 * KV_Q * 4; }
+constexpr int dkdv_smem() { return (2 * KV_K + 4 * KV_Q) * (HD + PAD) * 2 + 4 * KV_Q * 4 + 2 * KV_Q * 8; }
 template <int HD>
 constexpr int dq_smem() { return (2 * DQ_Q + 4 * DQ_K) * (HD + PAD) * 2; }
 
@@ -556,6 +573,7 @@ void attention_forward_reference(const AttentionForwardArgs& a, const AttentionS
     p.q = a.q, p.k = a.k, p.v = a.v, p.out = a.out;
     p.ldq = a.ldq, p.ldk = a.ldk, p.ldv = a.ldv, p.ldo = a.ldo;
     p.lse = a.lse;
+    p.docs = a.docs;
     if (sh.head_dim == 64) launch_forward<64>(p, sh, s);
     else launch_forward<128>(p, sh, s);
 }
@@ -571,6 +589,7 @@ void attention_backward_reference(const AttentionBackwardArgs& a, const Attentio
     p.dq = a.dq, p.dk = a.dk, p.dv = a.dv;
     p.lddq = a.lddq, p.lddk = a.lddk, p.lddv = a.lddv;
     p.accumulate_dkv = a.accumulate_dkv;
+    p.docs = a.docs;
     if (sh.head_dim == 64) launch_backward<64>(p, sh, s);
     else launch_backward<128>(p, sh, s);
 }

@@ -16,12 +16,22 @@ struct AttentionShape {
     int64_t seq;
     int n_heads, n_kv_heads, head_dim;
 };
+// Packed documents of one call (--doc-mask): the ascending starts of its documents in the call's
+// flat token order ([batch][seq]; every sequence's first token starts one). A query sees the keys
+// of its own document up to itself. Without starts: one document per sequence, plain causal.
+// kernels/documents.cuh reads them, for every kernel alike.
+struct AttentionDocs {
+    const int64_t* start = nullptr;  // device memory
+    int64_t count = 0;
+};
+
 struct AttentionForwardArgs {
     const bf16 *q, *k, *v;
     int64_t ldq, ldk, ldv;
     bf16* out;
     int64_t ldo;
     float* lse;
+    AttentionDocs docs = {};
 };
 struct AttentionBackwardArgs {
     const bf16 *q, *k, *v, *out, *dout;  // out = nullptr: delta is given, not computed
@@ -35,6 +45,7 @@ struct AttentionBackwardArgs {
     // Given, the fast kernels add dQ inside the dK/dV kernel (5 products instead of 7; the adds go
     // in a fixed order, so still bit-reproducible); nullptr, they run the dK/dV and dQ kernels.
     float* dq_accum = nullptr;
+    AttentionDocs docs = {};
 };
 int64_t attention_dq_accum_floats(const AttentionShape& sh);  // the fused backward's workspace
 // The training step calls these two: the fast Hopper kernels (attention_hopper.cu: head dim

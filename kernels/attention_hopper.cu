@@ -1090,6 +1090,7 @@ static bool attention_hopper_applies(const AttentionShape& sh, std::initializer_
 void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
     if (!attention_hopper_applies(sh, {a.q, a.k, a.v}, {a.ldq, a.ldk, a.ldv}))
         usage_error("attention_forward_hopper: needs head dim 128, sm_90, 16-byte aligned q, k, v");
+    if (a.docs.start) usage_error("attention_forward_hopper: packed documents go to the reference kernels");
     if (sh.seq == 0 || sh.batch == 0) return;
     using namespace hopper;
     FwdParams p{};
@@ -1111,6 +1112,7 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
         usage_error("attention_backward_hopper: needs delta given, head dim 128, sm_90, 16-byte aligned inputs");
     if (a.dq_accum && !hopper::fused_dq_aligned(a))
         usage_error("attention_backward_hopper: the fused backward needs 16-byte aligned dq and dq_accum, lddq % 8 == 0");
+    if (a.docs.start) usage_error("attention_backward_hopper: packed documents go to the reference kernels");
     if (sh.seq == 0 || sh.batch == 0) return;
     using namespace hopper;
     BwdParams p{};
@@ -1168,15 +1170,16 @@ bool attention_uses_hopper(const AttentionShape& sh) {
            sh.seq < ((int64_t)1 << 31) && hopper_device();
 }
 
+// Packed documents go to the reference kernels.
 void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
-    if (!use_reference && attention_hopper_applies(sh, {a.q, a.k, a.v}, {a.ldq, a.ldk, a.ldv}))
+    if (!use_reference && !a.docs.start && attention_hopper_applies(sh, {a.q, a.k, a.v}, {a.ldq, a.ldk, a.ldv}))
         attention_forward_hopper(a, sh, s);
     else
         attention_forward_reference(a, sh, s);
 }
 
 void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
-    if (use_reference || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
+    if (use_reference || a.docs.start || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
         return attention_backward_reference(a, sh, s);
     AttentionBackwardArgs given = a;
     // For a fused backward the alignments of dq and dq_accum do not allow (never the model's

@@ -215,15 +215,29 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
 // RoPE, HF rotate-half layout: for i < d/2, (x_i, x_{i+d/2}) rotated by pos * inv_freq_i.
 // The angle is formed in float64 and reduced modulo 2 pi before the float sine and cosine:
 // at position 5M a float angle would be off by a whole radian.
+// A token's position: its place in its sequence, or with packed documents its document's first
+// position plus its distance from the document's start (the last start at or before it).
+__device__ inline int64_t rope_position(int64_t flat, int64_t in_seq, const DocPositions& docs) {
+    if (!docs.start) return in_seq;
+    int64_t lo = 0, hi = docs.count - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (docs.start[mid] <= flat) lo = mid;
+        else hi = mid - 1;
+    }
+    return docs.first[lo] + flat - docs.start[lo];
+}
+
 __global__ void rope_kernel(bf16* x, int64_t n_rows, int64_t row0, int64_t seq, int64_t pos0,
                             int n_heads, int head_dim, int64_t ld, const double* inv_freq,
-                            bool inverse) {
+                            bool inverse, DocPositions docs) {
     int half = head_dim / 2;
     int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (idx >= n_rows * half) return;
     int64_t r = idx / half;
     int i = (int)(idx % half);
-    double angle = fmod((double)(pos0 + (row0 + r) % seq) * inv_freq[i], 6.283185307179586);
+    const int64_t t = row0 + r, in_seq = pos0 + t % seq, flat = t / seq * seq + in_seq;
+    double angle = fmod((double)rope_position(flat, in_seq, docs) * inv_freq[i], 6.283185307179586);
     float sn, cs;
     sincosf((float)angle, &sn, &cs);
     if (inverse) sn = -sn;
@@ -237,11 +251,12 @@ __global__ void rope_kernel(bf16* x, int64_t n_rows, int64_t row0, int64_t seq, 
 }
 
 void rope_apply(bf16* x, int64_t n_rows, int64_t row0, int64_t seq, int64_t pos0, int n_heads,
-                int head_dim, int64_t ld, const double* inv_freq, bool inverse, cudaStream_t s) {
+                int head_dim, int64_t ld, const double* inv_freq, bool inverse, cudaStream_t s,
+                const DocPositions& docs) {
     int64_t n = n_rows * (head_dim / 2);
     if (n == 0) return;
     rope_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n_rows, row0, seq, pos0, n_heads, head_dim,
-                                                  ld, inv_freq, inverse);
+                                                  ld, inv_freq, inverse, docs);
     CUDA_CHECK_LAUNCH();
 }
 

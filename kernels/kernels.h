@@ -58,11 +58,21 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
                       cudaStream_t s);
 int64_t rmsnorm_partial_floats(int D);
 
+// Packed documents' RoPE positions (--doc-mask): the ascending starts of the step's documents in
+// its flat [batch][seq] tokens, and the position of each one's first token (0, or where the
+// window cut into it); a token's position counts from its document's start.
+struct DocPositions {
+    const int64_t* start = nullptr;  // device memory
+    const int64_t* first = nullptr;
+    int64_t count = 0;
+};
 // RoPE in place on n_heads heads of head_dim values per row (row stride `ld` elements), for
 // n_rows rows that are tokens row0 .. row0 + n_rows - 1 of the step; token t has position
-// pos0 + t % seq. inv_freq: head_dim/2 doubles on the device. inverse = true is the backward.
+// pos0 + t % seq, or with documents its place in its document. inv_freq: head_dim/2 doubles on
+// the device. inverse = true is the backward.
 void rope_apply(bf16* x, int64_t n_rows, int64_t row0, int64_t seq, int64_t pos0, int n_heads,
-                int head_dim, int64_t ld, const double* inv_freq, bool inverse, cudaStream_t s);
+                int head_dim, int64_t ld, const double* inv_freq, bool inverse, cudaStream_t s,
+                const DocPositions& docs = {});
 
 void swiglu_forward(bf16* act, const bf16* h13, int64_t T, int F, cudaStream_t s);
 void swiglu_backward(bf16* dh13, const bf16* dact, const bf16* h13, int64_t T, int F,

@@ -84,11 +84,11 @@ std::vector<double> rope_inv_freq(const LlamaConfig& c) {
 }
 
 void rope_apply(double* x, int64_t T, int64_t S, int n_heads, int head_dim, int64_t row_stride,
-                const std::vector<double>& inv_freq, bool inverse) {
+                const std::vector<double>& inv_freq, bool inverse, const int64_t* positions) {
     const int half = head_dim / 2;
     if ((int)inv_freq.size() < half) throw std::invalid_argument("rope_apply: inv_freq too short");
     for (int64_t t = 0; t < T; t++) {
-        const double pos = (double)(t % S);
+        const double pos = (double)(positions ? positions[t] : t % S);
         for (int h = 0; h < n_heads; h++) {
             double* xh = x + t * row_stride + (int64_t)h * head_dim;
             for (int i = 0; i < half; i++) {
@@ -125,15 +125,16 @@ void check_attn_shape(int Hq, int Hkv, int d) {
         throw std::invalid_argument("attention: need Hq % Hkv == 0 and positive sizes");
 }
 
-// Softmax probabilities p[0..i] of query row i of (sequence b, head h) over the keys 0..i of the
-// same sequence (causal, never across sequences). Returns the log of the softmax denominator.
+// Softmax probabilities p[0..i] of query row i of (sequence b, head h) over the keys j0..i of the
+// same sequence (causal, never across sequences; j0 the first key of its document, p[j < j0] = 0).
+// Returns the log of the softmax denominator.
 double attention_probs(const AttnShape& sh, const double* q, const double* k, int b, int h,
-                       int64_t i, std::vector<double>& p) {
+                       int64_t i, int64_t j0, std::vector<double>& p) {
     const double scale = 1.0 / std::sqrt((double)sh.d);
     const double* qi = sh.row_q(q, b, i, h);
     p.assign(i + 1, 0.0);
     double max_score = -INFINITY;
-    for (int64_t j = 0; j <= i; j++) {
+    for (int64_t j = j0; j <= i; j++) {
         const double* kj = sh.row_kv(k, b, j, sh.kv_head(h));
         double s = 0;
         for (int c = 0; c < sh.d; c++) s += qi[c] * kj[c];
@@ -141,23 +142,23 @@ double attention_probs(const AttnShape& sh, const double* q, const double* k, in
         if (p[j] > max_score) max_score = p[j];
     }
     double denom = 0;  // subtracting the max keeps exp() finite; it cancels out
-    for (int64_t j = 0; j <= i; j++) denom += std::exp(p[j] - max_score);
+    for (int64_t j = j0; j <= i; j++) denom += std::exp(p[j] - max_score);
     const double lse = max_score + std::log(denom);
-    for (int64_t j = 0; j <= i; j++) p[j] = std::exp(p[j] - lse);
+    for (int64_t j = j0; j <= i; j++) p[j] = std::exp(p[j] - lse);
     return lse;
 }
 
 }  // namespace
 
 void attention_forward(const double* q, const double* k, const double* v, double* out,
-                       double* lse, int B, int64_t S, int Hq, int Hkv, int d) {
+                       double* lse, int B, int64_t S, int Hq, int Hkv, int d, const int64_t* first_key) {
     check_attn_shape(Hq, Hkv, d);
     const AttnShape sh{S, Hq, Hkv, d};
     std::vector<double> p;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < Hq; h++)
             for (int64_t i = 0; i < S; i++) {
-                double l = attention_probs(sh, q, k, b, h, i, p);
+                double l = attention_probs(sh, q, k, b, h, i, first_key ? first_key[(int64_t)b * S + i] : 0, p);
                 if (lse) lse[((int64_t)b * Hq + h) * S + i] = l;
                 double* oi = out + ((int64_t)b * S + i) * Hq * d + (int64_t)h * d;
                 for (int c = 0; c < d; c++) oi[c] = 0;
@@ -174,7 +175,7 @@ void attention_forward(const double* q, const double* k, const double* v, double
 // Several query heads share a KV head, so dk and dv sum over the heads of the group.
 void attention_backward(const double* q, const double* k, const double* v, const double* dout,
                         double* dq, double* dk, double* dv, int B, int64_t S, int Hq, int Hkv,
-                        int d) {
+                        int d, const int64_t* first_key) {
     check_attn_shape(Hq, Hkv, d);
     const AttnShape sh{S, Hq, Hkv, d};
     const double scale = 1.0 / std::sqrt((double)d);
@@ -185,7 +186,7 @@ void attention_backward(const double* q, const double* k, const double* v, const
     for (int b = 0; b < B; b++)
         for (int h = 0; h < Hq; h++)
             for (int64_t i = 0; i < S; i++) {
-                attention_probs(sh, q, k, b, h, i, p);
+                attention_probs(sh, q, k, b, h, i, first_key ? first_key[(int64_t)b * S + i] : 0, p);
                 const int g = sh.kv_head(h);
                 const int64_t qoff = sh.row_q(q, b, i, h) - q;  // same offset in dq, dout
                 const double* doi = dout + qoff;
@@ -348,7 +349,9 @@ void check_model_inputs(const LlamaConfig& c, const int32_t* tokens, int B, int6
 
 // One transformer layer: x (in/out) = h + mlp(h), h = x + attn(x). Saves what backward needs.
 void layer_forward(const LlamaConfig& c, const LayerTensors<const double*>& w, int B, int64_t S,
-                   const std::vector<double>& inv_freq, std::vector<double>& x, LayerActs& a) {
+                   const std::vector<double>& inv_freq, const Documents* docs, std::vector<double>& x, LayerActs& a) {
+    const int64_t* pos = docs ? docs->position.data() : nullptr;
+    const int64_t* first_key = docs ? docs->first_key.data() : nullptr;
     const int64_t T = (int64_t)B * S;
     const int D = c.dim, F = c.ffn_dim, qd = (int)c.q_dim(), kvd = (int)c.kv_dim();
     const int qkvd = (int)c.qkv_dim();
@@ -367,12 +370,12 @@ void layer_forward(const LlamaConfig& c, const LayerTensors<const double*>& w, i
         for (int i = 0; i < kvd; i++) a.k[t * kvd + i] = qkv[t * qkvd + qd + i];
         for (int i = 0; i < kvd; i++) a.v[t * kvd + i] = qkv[t * qkvd + qd + kvd + i];
     }
-    rope_apply(a.q.data(), T, S, c.n_heads, c.head_dim, qd, inv_freq, false);
-    rope_apply(a.k.data(), T, S, c.n_kv_heads, c.head_dim, kvd, inv_freq, false);
+    rope_apply(a.q.data(), T, S, c.n_heads, c.head_dim, qd, inv_freq, false, pos);
+    rope_apply(a.k.data(), T, S, c.n_kv_heads, c.head_dim, kvd, inv_freq, false, pos);
 
     a.attn.resize(T * qd);
     attention_forward(a.q.data(), a.k.data(), a.v.data(), a.attn.data(), nullptr, B, S,
-                      c.n_heads, c.n_kv_heads, c.head_dim);
+                      c.n_heads, c.n_kv_heads, c.head_dim, first_key);
     std::vector<double> o(T * D);
     linear_forward(a.attn.data(), w.wo, o.data(), T, qd, D);
     a.h.resize(T * D);
@@ -394,8 +397,10 @@ void layer_forward(const LlamaConfig& c, const LayerTensors<const double*>& w, i
 // d loss / d(layer input) on exit. Parameter gradients accumulate into g.
 void layer_backward(const LlamaConfig& c, const LayerTensors<const double*>& w,
                     const LayerTensors<double*>& g, int B, int64_t S,
-                    const std::vector<double>& inv_freq, const LayerActs& a,
+                    const std::vector<double>& inv_freq, const Documents* docs, const LayerActs& a,
                     std::vector<double>& dx) {
+    const int64_t* pos = docs ? docs->position.data() : nullptr;
+    const int64_t* first_key = docs ? docs->first_key.data() : nullptr;
     const int64_t T = (int64_t)B * S;
     const int D = c.dim, F = c.ffn_dim, qd = (int)c.q_dim(), kvd = (int)c.kv_dim();
     const int qkvd = (int)c.qkv_dim();
@@ -413,9 +418,9 @@ void layer_backward(const LlamaConfig& c, const LayerTensors<const double*>& w,
     std::vector<double> dattn(T * qd), dq(T * qd), dk(T * kvd), dv(T * kvd);
     linear_backward(dh.data(), a.attn.data(), w.wo, dattn.data(), g.wo, T, qd, D);
     attention_backward(a.q.data(), a.k.data(), a.v.data(), dattn.data(), dq.data(), dk.data(),
-                       dv.data(), B, S, c.n_heads, c.n_kv_heads, c.head_dim);
-    rope_apply(dq.data(), T, S, c.n_heads, c.head_dim, qd, inv_freq, true);
-    rope_apply(dk.data(), T, S, c.n_kv_heads, c.head_dim, kvd, inv_freq, true);
+                       dv.data(), B, S, c.n_heads, c.n_kv_heads, c.head_dim, first_key);
+    rope_apply(dq.data(), T, S, c.n_heads, c.head_dim, qd, inv_freq, true, pos);
+    rope_apply(dk.data(), T, S, c.n_kv_heads, c.head_dim, kvd, inv_freq, true, pos);
     std::vector<double> dqkv(T * qkvd);
     for (int64_t t = 0; t < T; t++) {
         for (int i = 0; i < qd; i++) dqkv[t * qkvd + i] = dq[t * qd + i];
@@ -431,8 +436,10 @@ void layer_backward(const LlamaConfig& c, const LayerTensors<const double*>& w,
 
 // Embedding lookup, the layers, the final RMSNorm and the LM head; fills a (logits included).
 void model_forward(const LlamaConfig& c, const ParamLayout& lay, const double* params,
-                   const int32_t* tokens, int B, int64_t S, ModelActs& a) {
+                   const int32_t* tokens, int B, int64_t S, const Documents* docs, ModelActs& a) {
     check_model_inputs(c, tokens, B, S);
+    if (docs && (docs->first_key.size() != (size_t)(B * S) || docs->position.size() != (size_t)(B * S)))
+        throw std::invalid_argument("reference model: documents of another length than the batch");
     const int64_t T = (int64_t)B * S;
     const int D = c.dim;
     a.T = T;
@@ -444,7 +451,7 @@ void model_forward(const LlamaConfig& c, const ParamLayout& lay, const double* p
 
     a.layers.resize(c.n_layers);
     for (int l = 0; l < c.n_layers; l++)
-        layer_forward(c, layer_tensors(lay, params, l), B, S, a.inv_freq, x, a.layers[l]);
+        layer_forward(c, layer_tensors(lay, params, l), B, S, a.inv_freq, docs, x, a.layers[l]);
 
     a.x_final = x;
     a.rstd_final.resize(T);
@@ -459,10 +466,10 @@ void model_forward(const LlamaConfig& c, const ParamLayout& lay, const double* p
 
 double model_forward_backward(const LlamaConfig& cfg, const double* params,
                               const int32_t* tokens, const int32_t* targets, int B, int64_t S,
-                              double* grads, std::vector<double>* logits_out) {
+                              double* grads, std::vector<double>* logits_out, const Documents* docs) {
     const ParamLayout lay = param_layout(cfg);
     ModelActs a;
-    model_forward(cfg, lay, params, tokens, B, S, a);
+    model_forward(cfg, lay, params, tokens, B, S, docs, a);
     const int64_t T = a.T;
     const int D = cfg.dim, V = cfg.vocab;
     for (int64_t n = 0; n < lay.total; n++) grads[n] = 0;  // padding included
@@ -479,7 +486,7 @@ double model_forward_backward(const LlamaConfig& cfg, const double* params,
 
     for (int l = cfg.n_layers - 1; l >= 0; l--)
         layer_backward(cfg, layer_tensors(lay, params, l), layer_tensors(lay, grads, l), B, S,
-                       a.inv_freq, a.layers[l], dx);
+                       a.inv_freq, docs, a.layers[l], dx);
 
     // Embedding lookup: scatter-add (a token used twice collects both gradients).
     double* gembed = grads + lay.find(P_EMBED).offset;
@@ -491,10 +498,10 @@ double model_forward_backward(const LlamaConfig& cfg, const double* params,
 }
 
 double model_loss(const LlamaConfig& cfg, const double* params, const int32_t* tokens,
-                  const int32_t* targets, int B, int64_t S) {
+                  const int32_t* targets, int B, int64_t S, const Documents* docs) {
     const ParamLayout lay = param_layout(cfg);
     ModelActs a;
-    model_forward(cfg, lay, params, tokens, B, S, a);
+    model_forward(cfg, lay, params, tokens, B, S, docs, a);
     return cross_entropy(a.logits.data(), targets, nullptr, a.T, cfg.vocab);
 }
 

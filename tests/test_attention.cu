@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <tuple>
 
 #include "gpu_util.h"
@@ -29,13 +30,46 @@ struct Case {
     // The fast backward's block order: KV head by KV head, or tile by tile across the heads
     // (the default picks the first from 16K tokens, so these small cases would see only the second).
     enum Order { by_size, kv_major, tile_major } order = by_size;
+    bool docs = false;  // packed documents (case_documents)
 };
+
+Case with_documents(Case c) {
+    c.docs = true;
+    return c;
+}
 
 std::string name(const Case& c) {
     const char* order[] = {"", " kv-major", " tile-major"};
     return std::string(c.reference ? "reference" : c.fused ? "fused" : "fast") + order[c.order] + " B" +
            std::to_string(c.B) + " S" + std::to_string(c.S) + " Hq" + std::to_string(c.Hq) + " Hkv" +
-           std::to_string(c.Hkv) + " d" + std::to_string(c.d);
+           std::to_string(c.Hkv) + " d" + std::to_string(c.d) + (c.docs ? " documents" : "");
+}
+
+// Packed documents of a case, fresh each run: in every sequence a document starts at 0, on the
+// 64- and 128-token tile edges, at a random token followed by a one-token document, and at a few
+// more random tokens. The starts in the call's flat order, and each token's first key (the
+// reference's view of the same thing, found here by a scan of its own).
+struct CaseDocuments {
+    std::vector<int64_t> starts, first_key;
+};
+CaseDocuments case_documents(const Case& c, std::mt19937_64& rng) {
+    CaseDocuments d;
+    for (int b = 0; b < c.B; b++) {
+        std::set<int64_t> st = {0};
+        for (int64_t edge : {64, 128, 192, 256, 512})
+            if (edge < c.S) st.insert(edge);
+        if (c.S > 2) {
+            const int64_t x = 1 + (int64_t)(rng() % (uint64_t)(c.S - 2));
+            st.insert(x), st.insert(x + 1);
+        }
+        for (int k = 0; k < 3; k++) st.insert((int64_t)(rng() % (uint64_t)c.S));
+        for (int64_t x : st) d.starts.push_back((int64_t)b * c.S + x);
+        for (int64_t t = 0, first = 0; t < c.S; t++) {
+            if (st.count(t)) first = t;
+            d.first_key.push_back(first);
+        }
+    }
+    return d;
 }
 
 bool hopper_gpu() {
@@ -96,12 +130,18 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     const int64_t T = in.T;
     auto dout = rounded_bf16(random_normal(T * in.qd, rng));
 
+    const CaseDocuments docs = c.docs ? case_documents(c, rng) : CaseDocuments{};
+    const int64_t* first_key = c.docs ? docs.first_key.data() : nullptr;
     std::vector<double> out_ref(T * in.qd), lse_ref((int64_t)c.B * c.Hq * c.S);
     ref::attention_forward(in.q.data(), in.k.data(), in.v.data(), out_ref.data(), lse_ref.data(), c.B, c.S, c.Hq,
-                           c.Hkv, c.d);
+                           c.Hkv, c.d, first_key);
     std::vector<double> dq_ref(T * in.qd), dk_ref(T * in.kd), dv_ref(T * in.kd);
     ref::attention_backward(in.q.data(), in.k.data(), in.v.data(), dout.data(), dq_ref.data(), dk_ref.data(),
-                            dv_ref.data(), c.B, c.S, c.Hq, c.Hkv, c.d);
+                            dv_ref.data(), c.B, c.S, c.Hq, c.Hkv, c.d, first_key);
+    DeviceBuffer<int64_t> doc_starts(docs.starts.size());
+    if (c.docs)
+        CUDA_CHECK(cudaMemcpy(doc_starts.ptr, docs.starts.data(), docs.starts.size() * 8, cudaMemcpyHostToDevice));
+    const AttentionDocs call_docs = c.docs ? AttentionDocs{doc_starts.ptr, (int64_t)docs.starts.size()} : AttentionDocs{};
 
     DeviceBuffer<bf16> qkv(T * in.ld), out(T * in.qd), d_dout(T * in.qd), dqkv(T * in.ld);
     DeviceBuffer<float> lse((int64_t)c.B * c.Hq * c.S), delta((int64_t)c.B * c.Hq * c.S);
@@ -110,12 +150,12 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
     AttentionShape sh{c.B, c.S, c.Hq, c.Hkv, c.d};
     KernelChoice choice(c.reference, sh);
     const AttentionForwardArgs fa{.q = qkv, .k = qkv + in.qd, .v = qkv + in.qd + in.kd, .ldq = in.ld, .ldk = in.ld,
-                                  .ldv = in.ld, .out = out, .ldo = in.qd, .lse = lse};
+                                  .ldv = in.ld, .out = out, .ldo = in.qd, .lse = lse, .docs = call_docs};
     attention_forward(fa, sh, 0);
     AttentionBackwardArgs ba{.q = qkv, .k = qkv + in.qd, .v = qkv + in.qd + in.kd, .out = out, .dout = d_dout,
                              .ldq = in.ld, .ldk = in.ld, .ldv = in.ld, .ldo = in.qd, .lddo = in.qd, .lse = lse,
                              .dq = dqkv, .dk = dqkv + in.qd, .dv = dqkv + in.qd + in.kd, .lddq = in.ld,
-                             .lddk = in.ld, .lddv = in.ld, .delta = delta};
+                             .lddk = in.ld, .lddv = in.ld, .delta = delta, .docs = call_docs};
     DeviceBuffer<float> dq_accum(c.fused ? attention_dq_accum_floats(sh) : 0);
     if (c.fused) ba.dq_accum = dq_accum, poison(dq_accum.ptr, dq_accum.n);  // the kernel must clear it
     run_backward(ba, sh, c.order);
@@ -148,12 +188,12 @@ TEST_P(AttentionCases, ForwardAndBackwardMatchReference) {
 }
 
 // Every shape with the reference kernels; those of head dim 128 also with the fast ones, with
-// and without the fused backward.
+// and without the fused backward (packed documents go to the reference kernels).
 std::vector<Case> both_kernels(std::vector<Case> shapes) {
     std::vector<Case> all;
     for (Case c : shapes) {
         c.reference = true, all.push_back(c);
-        if (c.d != 128) continue;
+        if (c.d != 128 || c.docs) continue;  // packed documents: the reference kernels
         // The fast kernels, both backwards, each in both block orders.
         c.reference = false;
         for (bool fused : {false, true})
@@ -173,6 +213,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCases,
                              Case{3, 97, 3, 3, 128},      // odd everything
                              Case{2, 700, 4, 1, 128},     // many tiles, two sequences, group of 4
                              Case{1, 1000, 8, 2, 128},    // many tiles, ragged tail
+                             // Packed documents, starts drawn fresh each run (case_documents).
+                             with_documents(Case{1, 1, 2, 1, 128}),
+                             with_documents(Case{2, 200, 4, 2, 64}),
+                             with_documents(Case{1, 300, 6, 2, 128}),
+                             with_documents(Case{3, 129, 2, 1, 128}),
+                             with_documents(Case{1, 1000, 8, 2, 128}),
                          })));
 
 // One sequence whose q, k, v are the first columns of a fused [S][ld] buffer: the forward, and

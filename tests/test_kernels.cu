@@ -96,6 +96,54 @@ TEST_F(Rope, ForwardAndInverseMatchReference) {
     }
 }
 
+// Packed documents: a token's position counts from its document's start (the first document of
+// each sequence cut by its window: its first position is far in). Rows are one GPU's part of the
+// sequences (from row0 on) as under Ulysses, or several sequences; a chunk of rows at a time.
+TEST_F(Rope, DocumentPositionsMatchReference) {
+    TRACE_SEED();
+    LlamaConfig c = config_by_name("llama3.2-3b");
+    const int hd = 128, heads = 3;
+    const int64_t S = 200, ld = heads * hd;
+    std::vector<double> inv = rope_inv_freq(c);
+    DeviceBuffer<double> d_inv(hd / 2);
+    CUDA_CHECK(cudaMemcpy(d_inv.ptr, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
+    for (int B : {1, 2}) {
+        const int sp = B == 1 ? 4 : 1;  // one sequence over 4 GPUs, or two sequences on one
+        const int64_t T = B * S / sp;
+        std::vector<int64_t> start, first;  // flat over the B sequences
+        for (int b = 0; b < B; b++)
+            for (int64_t x : {(int64_t)0, (int64_t)1, (int64_t)64, 65 + (int64_t)(rng() % 100), (int64_t)199}) {
+                start.push_back(b * S + x);
+                first.push_back(x == 0 ? 1000 + (int64_t)(rng() % 100000) : 0);
+            }
+        std::sort(start.begin(), start.end());
+        start.erase(std::unique(start.begin(), start.end()), start.end());
+        first.resize(start.size());
+        std::vector<int64_t> positions(B * S);  // the reference's view: per token
+        for (int64_t t = 0, d = 0; t < B * S; t++) {
+            while (d + 1 < (int64_t)start.size() && start[d + 1] <= t) d++;
+            positions[t] = first[d] + t - start[d];
+        }
+        DeviceBuffer<int64_t> d_start(start.size()), d_first(first.size());
+        CUDA_CHECK(cudaMemcpy(d_start.ptr, start.data(), start.size() * 8, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(d_first.ptr, first.data(), first.size() * 8, cudaMemcpyHostToDevice));
+        const DocPositions docs{d_start.ptr, d_first.ptr, (int64_t)start.size()};
+        for (int rank = 0; rank < sp; rank++) {
+            SCOPED_TRACE("B " + std::to_string(B) + " rank " + std::to_string(rank));
+            auto x = rounded_bf16(random_normal(T * ld, rng));
+            DeviceBuffer<bf16> d_x(T * ld);
+            upload(d_x, x);
+            const int64_t pos0 = rank * (S / sp), C = 37;  // chunks of 37 rows
+            for (int64_t t0 = 0; t0 < T; t0 += C)
+                rope_apply(d_x.ptr + t0 * ld, std::min(C, T - t0), t0, S, pos0, heads, hd, ld, d_inv, false, 0, docs);
+            std::vector<double> expect = x;
+            std::vector<int64_t> mine(positions.begin() + (B == 1 ? pos0 : 0), positions.begin() + (B == 1 ? pos0 : 0) + T);
+            ref::rope_apply(expect.data(), T, S, heads, hd, ld, ref::rope_inv_freq(c), false, mine.data());
+            EXPECT_LT(rel_error(download(d_x.ptr, T * ld), expect), TOL_BF16);
+        }
+    }
+}
+
 // Positions in the millions: the float64 angle with range reduction keeps RoPE exact there
 // (a float angle at position 5M is off by up to 0.25 rad).
 TEST_F(Rope, FarPositionsStayAccurate) {

@@ -3,6 +3,7 @@
 // must solve the long-range copy task.
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 #include "../infra/train.h"
 #include "gpu_util.h"
@@ -14,9 +15,10 @@ namespace {
 struct GpuModel {
     Model m;
     DeviceMemory dm;
-    GpuModel(const LlamaConfig& cfg, int batch, int64_t seq, int vocab_pieces = 1) {
+    GpuModel(const LlamaConfig& cfg, int batch, int64_t seq, int vocab_pieces = 1, int64_t max_docs = 0) {
         m.cfg = cfg;
         m.opt.vocab_pieces = vocab_pieces;
+        m.opt.doc_mask = max_docs > 0, m.opt.max_docs = max_docs;
         m.shape.batch = batch;
         m.shape.seq = seq;
         allocate_on_whole_gpu(m, dm);
@@ -47,6 +49,30 @@ void random_batch(std::mt19937_64& rng, int V, int64_t T, std::vector<int32_t>& 
     }
 }
 
+// Packed documents of B sequences of S tokens, fresh each run: starts at 0, 1 (a one-token
+// document), 64 and a random few; the first document of each sequence cut by its window (its
+// first position far in). The device's view (starts and first positions) and the reference's (each
+// token's first key and position), each built on its own.
+struct TestDocuments {
+    StepDocuments step;
+    ref::Documents ref;
+};
+TestDocuments random_documents(std::mt19937_64& rng, int B, int64_t S) {
+    TestDocuments d;
+    for (int b = 0; b < B; b++) {
+        std::set<int64_t> st = {0, 1, 64 % S};
+        for (int k = 0; k < 2; k++) st.insert((int64_t)(rng() % (uint64_t)S));
+        const int64_t cut = (int64_t)(rng() % 5000);
+        for (int64_t x : st) d.step.start.push_back(b * S + x), d.step.first_position.push_back(x == 0 ? cut : 0);
+        for (int64_t t = 0, first = 0; t < S; t++) {
+            if (st.count(t)) first = t;
+            d.ref.first_key.push_back(first);
+            d.ref.position.push_back(first == 0 ? cut + t : t - first);
+        }
+    }
+    return d;
+}
+
 // Tolerance of the whole step. Each kernel stays within TOL_BF16 of float64 on its own (see
 // test_kernels, test_attention); the step chains about twenty bf16 roundings of activations and
 // activation gradients (x, xn, qkv, P, att, h13, act, logits, dlogits, dres, ...), each about 0.2%
@@ -62,7 +88,9 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
     SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
     // "+pieces": the embedding and LM head in three units of vocabulary rows (beyond/savings.cu lm_head_in_pieces).
-    const std::string param = GetParam();
+    std::string param = GetParam();
+    const bool docs = param.size() > 5 && param.substr(param.size() - 5) == "+docs";
+    if (docs) param = param.substr(0, param.size() - 5);
     const bool pieces = param.size() > 7 && param.substr(param.size() - 7) == "+pieces";
     LlamaConfig cfg = config_by_name(pieces ? param.substr(0, param.size() - 7) : param);
     const int vocab_pieces = pieces ? 3 : 1;
@@ -71,18 +99,20 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
            param_layout(cfg, vocab_pieces).vocab_pieces());
     const int B = 2;
     const int64_t S = 67;  // two attention tiles, the second ragged
-    GpuModel g(cfg, B, S, vocab_pieces);
+    GpuModel g(cfg, B, S, vocab_pieces, docs ? 16 : 0);
     auto params = g.set_random_params(rng, 0.08);
     std::vector<int32_t> tok, tgt;
     random_batch(rng, cfg.vocab, B * S, tok, tgt);
-    model_set_batch(g.m, tok.data(), tgt.data(), 0);
+    const TestDocuments d = docs ? random_documents(rng, B, S) : TestDocuments{};
+    model_set_batch(g.m, tok.data(), tgt.data(), 0, -1, docs ? &d.step : nullptr);
     poison(g.m.grad, g.m.layout.total);  // the step must zero what it accumulates into
     model_forward_backward(g.m, 0);
     double loss = g.loss();
     auto grads = download(g.m.grad, g.m.layout.total);
 
     std::vector<double> ref_grads(g.m.layout.total);
-    double ref_loss = ref::model_forward_backward(cfg, params.data(), tok.data(), tgt.data(), B, S, ref_grads.data());
+    double ref_loss = ref::model_forward_backward(cfg, params.data(), tok.data(), tgt.data(), B, S, ref_grads.data(),
+                                                  nullptr, docs ? &d.ref : nullptr);
     printf("  loss %.6f, reference %.6f\n", loss, ref_loss);
     EXPECT_LT(std::fabs(loss - ref_loss) / ref_loss, TOL_BF16) << "loss " << loss << " vs " << ref_loss;
     for (const auto& t : g.m.layout.tensors) {
@@ -96,12 +126,14 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
 
 // tiny-hd128: head dim 128, so on Hopper the step runs kernels/attention_hopper.cu's kernels.
 INSTANTIATE_TEST_SUITE_P(Configs, WholeStep,
-                         ::testing::Values("tiny", "tiny-untied", "tiny-hd128", "tiny+pieces", "tiny-untied+pieces"),
+                         ::testing::Values("tiny", "tiny-untied", "tiny-hd128", "tiny+pieces", "tiny-untied+pieces",
+                                           "tiny+docs", "tiny-hd128+docs"),
                          [](const auto& info) {
                              std::string p = info.param;
                              std::string name = p.find("hd128") != std::string::npos ? "hd128"
                                                 : p.find("untied") != std::string::npos ? "untied" : "tied";
-                             return p.find("+pieces") != std::string::npos ? name + "_pieces" : name;
+                             if (p.find("+pieces") != std::string::npos) name += "_pieces";
+                             return p.find("+docs") != std::string::npos ? name + "_documents" : name;
                          });
 
 // Same seed, same data: the same losses and weights, bit for bit (no atomics anywhere).

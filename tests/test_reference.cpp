@@ -740,6 +740,89 @@ TEST(RefModel, SequencesAreIndependentAndCausal) {
     EXPECT_GT(changed, 0.0);
 }
 
+// Packed documents. One sequence of documents A | B | C (the first cut by the window: its
+// positions start at 3) with each token attending only within its document and positions from its
+// start computes, token for token, what the documents compute as sequences of their own: the same
+// logits, and (targets at the documents' ends ignored) the loss's gradient is their sum's.
+ref::Documents documents_of(const std::vector<int64_t>& starts, const std::vector<int64_t>& first_pos, int64_t S) {
+    ref::Documents d;
+    for (int64_t t = 0; t < S; t++) {
+        size_t k = 0;
+        while (k + 1 < starts.size() && starts[k + 1] <= t) k++;
+        d.first_key.push_back(starts[k]);
+        d.position.push_back(first_pos[k] + t - starts[k]);
+    }
+    return d;
+}
+
+TEST(RefModel, PackedDocumentsAreSeparateSequences) {
+    SEEDED_RNG(rng);
+    const LlamaConfig c = fd_config(false);
+    const auto params = random_params(c, rng);
+    const std::vector<int64_t> starts = {0, 4, 5, 9}, first_pos = {3, 0, 0, 0}, lengths = {4, 1, 4, 3};
+    const int64_t S = 12, V = c.vocab, P = param_layout(c).total;
+    Batch packed = random_batch(c, 1, S, rng);
+    for (int64_t s : starts)
+        if (s > 0) packed.targets[s - 1] = -1;  // a document's last token is not scored on the next one
+    const ref::Documents docs = documents_of(starts, first_pos, S);
+    std::vector<double> g_packed(P), logits_packed;
+    const double loss = ref::model_forward_backward(c, params.data(), packed.tokens.data(), packed.targets.data(), 1,
+                                                    S, g_packed.data(), &logits_packed, &docs);
+    EXPECT_EQ(loss, ref::model_loss(c, params.data(), packed.tokens.data(), packed.targets.data(), 1, S, &docs));
+    std::vector<double> g_sum(P, 0.0), g(P);
+    int64_t scored = 0;
+    for (int32_t t : packed.targets) scored += t >= 0;
+    double loss_sum = 0;
+    for (size_t k = 0; k < starts.size(); k++) {
+        const int64_t n = lengths[k], s0 = starts[k];
+        std::vector<int32_t> tok(packed.tokens.begin() + s0, packed.tokens.begin() + s0 + n),
+            tgt(packed.targets.begin() + s0, packed.targets.begin() + s0 + n);
+        ref::Documents own;  // the document alone: its own positions (from first_pos), every key its own
+        for (int64_t t = 0; t < n; t++) own.first_key.push_back(0), own.position.push_back(first_pos[k] + t);
+        int64_t own_scored = 0;
+        for (int32_t t : tgt) own_scored += t >= 0;
+        std::vector<double> logits;
+        const double l = ref::model_forward_backward(c, params.data(), tok.data(), tgt.data(), 1, n, g.data(),
+                                                     &logits, &own);
+        for (int64_t i = 0; i < n * V; i++) EXPECT_NEAR(logits[i], logits_packed[s0 * V + i], 1e-12) << "document " << k;
+        loss_sum += l * own_scored;
+        for (int64_t i = 0; i < P; i++) g_sum[i] += g[i] * own_scored;
+    }
+    EXPECT_NEAR(loss, loss_sum / scored, 1e-12);
+    for (double& x : g_sum) x /= scored;
+    EXPECT_LT(rel_error(g_packed, g_sum), 1e-12);
+    // Without the documents the same tokens see each other: the logits after the first document differ.
+    std::vector<double> logits_plain;
+    ref::model_forward_backward(c, params.data(), packed.tokens.data(), packed.targets.data(), 1, S, g.data(),
+                                &logits_plain);
+    double differ = 0;
+    for (int64_t i = starts[1] * V; i < S * V; i++) differ += std::fabs(logits_plain[i] - logits_packed[i]);
+    EXPECT_GT(differ, 1e-6);
+}
+
+// Every gradient of the model with packed documents against central differences.
+TEST(RefModel, PackedDocumentGradientsMatchFiniteDifferences) {
+    SEEDED_RNG(rng);
+    const LlamaConfig c = fd_config(true);
+    const ParamLayout lay = param_layout(c);
+    auto params = random_params(c, rng);
+    const Batch b = random_batch(c, 2, 6, rng);
+    ref::Documents docs = documents_of({0, 2, 3}, {5, 0, 0}, 6), second = documents_of({0, 4}, {0, 0}, 6);
+    docs.first_key.insert(docs.first_key.end(), second.first_key.begin(), second.first_key.end());
+    docs.position.insert(docs.position.end(), second.position.begin(), second.position.end());
+    std::vector<double> grads(lay.total, NAN);
+    ref::model_forward_backward(c, params.data(), b.tokens.data(), b.targets.data(), b.B, b.S, grads.data(), nullptr,
+                                &docs);
+    for (const auto& t : lay.tensors) {
+        SCOPED_TRACE(::testing::Message() << param_kind_name(t.kind) << " layer " << t.layer);
+        const std::vector<double> analytic(grads.begin() + t.offset, grads.begin() + t.offset + t.numel());
+        auto loss = [&] {
+            return ref::model_loss(c, params.data(), b.tokens.data(), b.targets.data(), b.B, b.S, &docs);
+        };
+        EXPECT_LT(rel_error(analytic, numeric_grad(loss, params.data() + t.offset, t.numel())), kFdTol);
+    }
+}
+
 // Near-zero weights give near-uniform logits: the loss is log V. On the "tiny" test model, whose
 // head_dim 64 and sizes are those the GPU tests use. With weights of 1e-4, x stays far below
 // sqrt(eps), so the final RMSNorm cannot lift it to unit size: logits ~4e-5, loss log V +- ~1e-5.

@@ -25,6 +25,7 @@ StepResult run_variant(const LlamaConfig& cfg, const StepOptions& opt, int B, in
     Model m;
     m.cfg = cfg;
     m.opt = opt;
+    if (opt.doc_mask) m.opt.max_docs = B * ((S + 1 + 19) / 20);
     m.device_attention_layers = device_attention_layers;
     m.shape.batch = B;
     m.shape.seq = S;
@@ -33,13 +34,16 @@ StepResult run_variant(const LlamaConfig& cfg, const StepOptions& opt, int B, in
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));  // like train.cpp
     model_init_weights(m, seed, s);
-    SyntheticData data("random", 200, seed);
+    // With --doc-mask: the copy task in documents of 20 to 90 tokens.
+    SyntheticData data(opt.doc_mask ? "copy" : "random", 200, seed);
+    if (opt.doc_mask) data.doc_min = 20, data.doc_max = 90;
     std::vector<int32_t> tok(B * S), tgt(B * S);
+    StepDocuments docs;
     StepResult r;
     for (int step = 0; step < 4; step++) {
-        data.next(tok.data(), tgt.data(), B, (int)S);
+        data.next(tok.data(), tgt.data(), B, (int)S, opt.doc_mask ? &docs : nullptr);
         for (int64_t t = 0; t < B * S; t += 7) tgt[t] = -1;  // some ignored targets
-        model_set_batch(m, tok.data(), tgt.data(), s);
+        model_set_batch(m, tok.data(), tgt.data(), s, -1, opt.doc_mask ? &docs : nullptr);
         model_forward_backward(m, s);
         float loss_sum;
         CUDA_CHECK(cudaMemcpyAsync(&loss_sum, m.scalars, 4, cudaMemcpyDeviceToHost, s));
@@ -71,19 +75,22 @@ struct Variant {
 
 class Techniques : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
+// Every technique against the plain step: with documents (--doc-mask) too.
+void techniques_against_the_plain_step(const std::string& config, bool documents) {
     REQUIRE_GPU();
-    LlamaConfig cfg = config_by_name(GetParam());
+    LlamaConfig cfg = config_by_name(config);
     printf("  attention kernels: %s\n",
            attention_uses_hopper({1, 64, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}) ? "the fast kernels" : "the reference kernels");
     cfg.n_layers = 4;
     StepOptions base;
     base.vocab_pieces = cfg.tied_embeddings ? 1 : 3;  // the LM head whole, and in pieces (--vocab-pieces)
+    base.doc_mask = documents;
     const int B = 2;
     const int64_t S = 150;  // 300 tokens: chunks of 48 and 40 leave ragged tails
-    printf("  %d units, %lld parameters\n", param_layout(cfg, base.vocab_pieces).num_units(), (long long)count_params(cfg));
+    printf("  %d units, %lld parameters%s\n", param_layout(cfg, base.vocab_pieces).num_units(), (long long)count_params(cfg),
+           documents ? ", packed documents" : "");
     const uint64_t seed = fresh_seed();
-    SCOPED_TRACE(GetParam() + " seed " + std::to_string(seed));
+    SCOPED_TRACE(config + (documents ? " documents" : "") + " seed " + std::to_string(seed));
     StepResult plain = run_variant(cfg, base, B, S, seed);
     // fsdp on one GPU runs the whole shard / gather / reduce-scatter machinery with N = 1.
     const Variant variants[] = {
@@ -137,6 +144,12 @@ TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) {
         }
     }
 }
+
+TEST_P(Techniques, SameLossAndGradientsAsThePlainStep) { techniques_against_the_plain_step(GetParam(), false); }
+
+// Packed documents (--doc-mask: attention inside each document, positions from its start) through
+// every technique: the same agreement with the plain step with documents.
+TEST_P(Techniques, WithDocumentsTheSameAsThePlainStep) { techniques_against_the_plain_step(GetParam(), true); }
 
 // Stage 7's savings other than --vocab-pieces change where bytes live, not what is computed: the
 // talk's stage 6 and the same with one offload slot, Untied's normalized-input gradient in the

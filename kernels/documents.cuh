@@ -1,0 +1,47 @@
+// kernels/documents.cuh - packed documents as the attention kernels see them, in one place for
+// every kernel: the reference ones (attention.cu) and the fast ones (attention_hopper.cu).
+//
+// An attention call's documents are the ascending starts of its documents in the call's flat
+// token order, [batch][seq], where every sequence's first token starts one (AttentionDocs,
+// kernels/attention.h). Query row i of sequence b sees the keys first_key(b, i) .. i: from the
+// start of its document on, causally. So for a tile of rows [r0, r1) the keys that matter start
+// at first_key(b, r0) (first keys ascend with the row), and for a tile of keys [k0, k1) the rows
+// that matter end at doc_end(b, k1 - 1) (the first row of the next document). Each is one
+// binary search over the starts, done once per tile or once per row a thread owns: no per-token
+// array beyond the starts themselves. Without starts every sequence is one document.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/attention.h"
+
+struct DocumentView {
+    const int64_t* start;
+    int64_t count, seq;
+    __host__ __device__ DocumentView(const AttentionDocs& d, int64_t seq_) : start(d.start), count(d.count), seq(seq_) {}
+    __host__ __device__ bool on() const { return start != nullptr; }
+    // The index of the document holding flat token `flat`: the last start at or before it.
+    __host__ __device__ int64_t index_of(int64_t flat) const {
+        int64_t lo = 0, hi = count - 1;  // start[0] = 0 <= flat
+        while (lo < hi) {
+            const int64_t mid = (lo + hi + 1) / 2;
+            if (start[mid] <= flat) lo = mid;
+            else hi = mid - 1;
+        }
+        return lo;
+    }
+    // The first key row `row` of sequence b may see (0 without documents).
+    __host__ __device__ int64_t first_key(int b, int64_t row) const {
+        if (!on()) return 0;
+        const int64_t base = (int64_t)b * seq;
+        return start[index_of(base + row)] - base;
+    }
+    // The first row of sequence b after the document that holds `key` (seq without documents).
+    __host__ __device__ int64_t doc_end(int b, int64_t key) const {
+        if (!on()) return seq;
+        const int64_t base = (int64_t)b * seq, i = index_of(base + key) + 1;
+        return i < count && start[i] - base < seq ? start[i] - base : seq;
+    }
+    // Whether row `row`, whose document's first key is `first`, sees key `key`.
+    __host__ __device__ static bool sees(int64_t row, int64_t first, int64_t key) { return key <= row && key >= first; }
+};
