@@ -120,12 +120,13 @@ struct BenchOptions {
     std::vector<Shape> shapes = {KNOWN_SHAPES[0], KNOWN_SHAPES[1]};
     bool time_reference = false, check = true, separate = false;
     float input_std[4] = {1, 1, 1, 1};  // q, k, v, dO
+    std::vector<int64_t> docs;          // --docs: packed documents of these lengths, repeating
     std::string json;
 };
 
 static const char* USAGE =
     "usage: bench_attention [--seqs 8K,16K,...] [--reps N] [--warmup N] [--shapes 3B,8B,3B-U8,8B-U8,untied] "
-    "[--reference] [--no-check] [--separate] [--input-std Q,K,V,DO] [--json FILE]";
+    "[--reference] [--no-check] [--separate] [--input-std Q,K,V,DO] [--docs 4K,16K,...] [--json FILE]";
 
 static std::vector<Shape> parse_shapes(const std::string& list) {
     std::vector<Shape> shapes;
@@ -155,6 +156,8 @@ static BenchOptions parse_bench_options(int argc, char** argv) {
             o.warmup = std::max(0, atoi(argv[++i]));
         } else if (a == "--json" && value) {
             o.json = argv[++i];
+        } else if (a == "--docs" && value) {
+            for (const std::string& s : split_commas(argv[++i])) o.docs.push_back(parse_tokens("--docs", s));
         } else if (a == "--reference") {
             o.time_reference = true;
         } else if (a == "--no-check") {
@@ -176,12 +179,17 @@ static BenchOptions parse_bench_options(int argc, char** argv) {
 // One shape's inputs and outputs: q|k|v as one [S, Hq d + 2 Hkv d] buffer (the model's fused
 // projection), out and d out [S, Hq d], d q|k|v, lse, delta; random normal inputs drawn in fp32 and
 // rounded to bf16, each part scaled by its --input-std.
+// With --docs, the sequence is documents of those lengths, repeating (the last cut off), and the
+// FLOPs count the pairs they allow (n^2 / 2 for a document of n tokens, as causal's S^2 / 2).
 struct Buffers {
     AttentionShape sh;
     int64_t qd, kd, ld;
     bf16 *qkv = nullptr, *out = nullptr, *dout = nullptr, *dqkv = nullptr;
     float *lse = nullptr, *delta = nullptr;
-    Buffers(const Shape& shape, int64_t S, const float input_std[4]) {
+    int64_t* doc_starts = nullptr;
+    int64_t n_docs = 0;
+    double pair_share = 1.0;  // of causal's pairs, those the documents allow
+    Buffers(const Shape& shape, int64_t S, const float input_std[4], const std::vector<int64_t>& docs) {
         const int d = 128;
         sh = {1, S, shape.hq, shape.hkv, d};
         qd = (int64_t)shape.hq * d, kd = (int64_t)shape.hkv * d, ld = qd + 2 * kd;
@@ -200,18 +208,30 @@ struct Buffers {
         init_normal(scratch, S * qd, input_std[3], 2, 0);
         convert_f32_to_bf16(dout, scratch, S * qd, 0);
         CUDA_CHECK(cudaFree(scratch));
+        if (docs.empty()) return;
+        std::vector<int64_t> starts;
+        double pairs = 0;
+        for (int64_t at = 0, k = 0; at < S; k++) {
+            const int64_t n = std::min(docs[k % docs.size()], S - at);
+            starts.push_back(at), pairs += (double)n * n / 2, at += n;
+        }
+        pair_share = pairs / ((double)S * S / 2), n_docs = (int64_t)starts.size();
+        CUDA_CHECK(cudaMalloc(&doc_starts, n_docs * 8));
+        CUDA_CHECK(cudaMemcpy(doc_starts, starts.data(), n_docs * 8, cudaMemcpyHostToDevice));
     }
-    ~Buffers() { cudaFree(qkv), cudaFree(dqkv), cudaFree(out), cudaFree(dout), cudaFree(lse), cudaFree(delta); }
+    ~Buffers() {
+        cudaFree(qkv), cudaFree(dqkv), cudaFree(out), cudaFree(dout), cudaFree(lse), cudaFree(delta), cudaFree(doc_starts);
+    }
     Buffers(const Buffers&) = delete;
     Buffers& operator=(const Buffers&) = delete;
     AttentionForwardArgs forward() const {
         return {.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .ldq = ld, .ldk = ld, .ldv = ld, .out = out, .ldo = qd,
-                .lse = lse};
+                .lse = lse, .docs = {doc_starts, n_docs}};
     }
     AttentionBackwardArgs backward() const {
         return {.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .out = out, .dout = dout, .ldq = ld, .ldk = ld, .ldv = ld,
                 .ldo = qd, .lddo = qd, .lse = lse, .dq = dqkv, .dk = dqkv + qd, .dv = dqkv + qd + kd, .lddq = ld,
-                .lddk = ld, .lddv = ld, .delta = delta};
+                .lddk = ld, .lddv = ld, .delta = delta, .docs = {doc_starts, n_docs}};
     }
 };
 
@@ -256,8 +276,9 @@ static bool check_kernels(const Buffers& b, const AttentionBackwardArgs& ba, con
 
 // One line of the table, and of the --json file.
 static void report(const BenchOptions& o, FILE* jf, const char* gpu, const char* which, const Shape& shape,
-                   const AttentionShape& sh, Timing tm, const std::string& note, const double* err) {
-    const double flops = attention_forward_flops(sh);
+                   const Buffers& b, Timing tm, const std::string& note, const double* err) {
+    const AttentionShape& sh = b.sh;
+    const double flops = attention_forward_flops(sh) * b.pair_share;
     const double tff = flops / (tm.fwd_ms * 1e-3) / 1e12, tfb = 2.5 * flops / (tm.bwd_ms * 1e-3) / 1e12;
     printf("%-10s %-9s %8lld %9.3f %9.1f %9.3f %9.1f  %s\n", which, shape.name, (long long)sh.seq, tm.fwd_ms, tff,
            tm.bwd_ms, tfb, note.c_str());
@@ -265,10 +286,11 @@ static void report(const BenchOptions& o, FILE* jf, const char* gpu, const char*
         fprintf(jf,
                 "{\"kernels\": \"%s\", \"shape\": \"%s\", \"seq\": %lld, \"fwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
                 "\"bwd_ms\": %.4f, \"bwd_tflops\": %.2f, \"timing\": \"%s\", \"checked\": %s, "
-                "\"rel_err\": [%.3e, %.3e, %.3e, %.3e, %.3e], \"gpu\": \"%s\"}\n",
+                "\"rel_err\": [%.3e, %.3e, %.3e, %.3e, %.3e], \"documents\": %lld, \"pair_share\": %.6f, "
+                "\"gpu\": \"%s\"}\n",
                 which, shape.name, (long long)sh.seq, tm.fwd_ms, tff, tm.bwd_ms, tfb,
                 o.separate ? "separate" : "alternating", err ? "true" : "false", err ? err[0] : 0, err ? err[1] : 0,
-                err ? err[2] : 0, err ? err[3] : 0, err ? err[4] : 0, gpu);
+                err ? err[2] : 0, err ? err[3] : 0, err ? err[4] : 0, (long long)b.n_docs, b.pair_share, gpu);
     fflush(stdout);
 }
 
@@ -277,7 +299,7 @@ static void report(const BenchOptions& o, FILE* jf, const char* gpu, const char*
 // dK/dV kernel; --attention fused); the reference kernels run once (--reference: timed too).
 // Returns how many variants differ from the reference.
 static int bench_shape(const BenchOptions& o, FILE* jf, const char* gpu, const Shape& shape, int64_t S) {
-    const Buffers b(shape, S, o.input_std);
+    const Buffers b(shape, S, o.input_std, o.docs);
     const bool fast = attention_uses_hopper(b.sh);
     float* dq_accum = nullptr;
     if (fast) CUDA_CHECK(cudaMalloc(&dq_accum, attention_dq_accum_floats(b.sh) * 4));
@@ -297,12 +319,12 @@ static int bench_shape(const BenchOptions& o, FILE* jf, const char* gpu, const S
             verdict = buf;
         }
         const Timing tm = time_kernels(b.forward(), ba, b.sh, o.reps, o.warmup, o.separate);
-        report(o, jf, gpu, variant == 1 ? "fused" : fast ? "hopper" : "reference", shape, b.sh, tm, verdict,
+        report(o, jf, gpu, variant == 1 ? "fused" : fast ? "hopper" : "reference", shape, b, tm, verdict,
                ref ? err : nullptr);
     }
     if (o.time_reference && fast) {
         attention_use_reference(true);
-        report(o, jf, gpu, "reference", shape, b.sh, time_kernels(b.forward(), b.backward(), b.sh, o.reps, o.warmup, o.separate),
+        report(o, jf, gpu, "reference", shape, b, time_kernels(b.forward(), b.backward(), b.sh, o.reps, o.warmup, o.separate),
                "", nullptr);
         attention_use_reference(false);
     }
@@ -317,7 +339,8 @@ static int bench_main(int argc, char** argv) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     FILE* jf = o.json.empty() ? nullptr : open_output(o.json, "--json");
-    printf("attention on %s, bf16, causal, head dim 128, median of %d\n", prop.name, o.reps);
+    printf("attention on %s, bf16, causal, head dim 128, median of %d%s\n", prop.name, o.reps,
+           o.docs.empty() ? "" : "; packed documents: TFLOP/s over the pairs they allow");
     printf("%-10s %-9s %8s %9s %9s %9s %9s  %s\n", "kernels", "shape", "seq", "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s",
            "check against the reference (relative L2 error)");
     int failed = 0;

@@ -101,6 +101,7 @@
 
 #include "attention_hopper_ptx.cuh"
 #include "attention_ptx.cuh"
+#include "documents.cuh"
 #include "llama.h"
 
 // These kernels need sm_90a (wgmma, setmaxnreg, TMA). Device code for any other target gets
@@ -268,6 +269,25 @@ __device__ inline void zero_outside(float* acc, const Lane& ln, int64_t lo, int6
         }
 }
 
+// Zero this thread's elements (key row r, query column x) of a 64 x 64 tile of the dK/dV kernel
+// where query q0 + x is at or past key_end[r], the end of the key's document.
+__device__ inline void zero_after_documents(float* acc, const Lane& ln, int64_t q0, const int64_t* key_end) {
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (q0 + ln.col(jj, e) >= key_end[e / 2]) acc[4 * jj + e] = 0.f;
+}
+// Zero this thread's elements (query row r, key column x) of a 64 x 64 tile of the dQ kernel
+// where key k0 + x is before first[r], the first key of the row's document.
+__device__ inline void zero_before_documents(float* acc, const Lane& ln, int64_t k0, const int64_t* first) {
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (k0 + ln.col(jj, e) < first[e / 2]) acc[4 * jj + e] = 0.f;
+}
+
 // A position in a ring of STAGES shared-memory stages: the stage, and the parity of the phase of
 // its mbarriers that the consumers wait for. (Kept as it goes: a 64-bit division by 3 per step
 // otherwise.)
@@ -311,22 +331,32 @@ struct FwdParams {
     int64_t ldo, seq, n_q_tiles;
     int n_heads, batch, group;
     float scale_log2;
+    AttentionDocs docs;  // packed documents (documents.cuh), or none: causal
 };
 constexpr int FWD_STAGES = 2;
 static_assert(FWD_STAGES >= 2, "forward_kernel waits for tile j's V before it frees tile j-1's (wait_tiles_after)");
 constexpr int FWD_SMEM = 1024 + TILE * (1 + 2 * FWD_STAGES) + 8 * (1 + 4 * FWD_STAGES);
 
-// Online softmax of one 64 x 128 tile of scores (log2 units after scaling): masks keys after
-// the row on the diagonal tile, updates the running max and sum, leaves P in `sc` and returns in
-// `correction` the factor O must be rescaled by.
-__device__ inline void online_softmax(float* sc, float* row_max, float* row_sum, float* correction, bool diagonal,
-                                      int c, const Lane& ln, float scale_log2) {
-    if (diagonal) {
+// Online softmax of one 64 x 128 tile of scores (log2 units after scaling): where `masked` (the
+// diagonal tile; with documents, a tile that starts before a row's document), masks the keys a
+// row does not see (keys from key0, rows from row0, first[r] the first key of the thread's row r);
+// updates the running max and sum, leaves P in `sc` and returns in `correction` the factor O must
+// be rescaled by.
+// Without documents (DOCS false) the masked tile is the diagonal one: the test is in the tile's
+// own coordinates (consumer c's rows 64c..), as 32-bit compares.
+template <bool DOCS>
+__device__ inline void online_softmax(float* sc, float* row_max, float* row_sum, float* correction, bool masked,
+                                      int c, int64_t key0, int64_t row0, const int64_t* first, const Lane& ln,
+                                      float scale_log2) {
+    if (masked) {
 #pragma unroll
         for (int jj = 0; jj < 16; jj++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (ln.col(jj, e) > c * 64 + ln.row(e / 2)) sc[4 * jj + e] = -INFINITY;
+            for (int e = 0; e < 4; e++) {
+                const bool hidden = DOCS ? !DocumentView::sees(row0 + ln.row(e / 2), first[e / 2], key0 + ln.col(jj, e))
+                                         : ln.col(jj, e) > c * 64 + ln.row(e / 2);
+                if (hidden) sc[4 * jj + e] = -INFINITY;
+            }
     }
     float scaled_max[2];
 #pragma unroll
@@ -372,6 +402,7 @@ __device__ inline void rescale(float* o, const float* correction) {
 // products do. Within a consumer, the softmax of S_j runs while O += P_{j-1} V_{j-1} does; P_j
 // is packed into the registers P_{j-1} used once that product is done, so no second set of P
 // registers is needed.
+template <bool DOCS>
 __global__ void __launch_bounds__(THREADS, 1)
     forward_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                    const __grid_constant__ CUtensorMap map_v, const FwdParams p) {
@@ -391,7 +422,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int b = (int)(outer / n_kv_heads), kvh = (int)(outer % n_kv_heads);
     const int h = kvh * p.group + (int)(inner % p.group);
     const int64_t q_tile = p.n_q_tiles - 1 - inner / p.group;
-    const int64_t q0 = q_tile * 128, n_kv_tiles = q_tile + 1;
+    // Key tiles j0 .. q_tile: with documents, none before the block's first row's document.
+    const DocumentView docs(DOCS ? p.docs : AttentionDocs{}, p.seq);
+    const int64_t q0 = q_tile * 128, j0 = DOCS ? docs.first_key(b, q0) / 128 : 0, n_kv_tiles = q_tile + 1 - j0;
 
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
@@ -413,10 +446,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const uint32_t phase = (uint32_t)((j / FWD_STAGES - 1) & 1);
                 if (j >= FWD_STAGES) mbar_wait(k_empty(s), phase);
                 mbar_arrive_expect_tx(k_full(s), TILE);
-                tma_tile(sK + s * TILE, &map_k, k_full(s), kvh, j * 128, b, 128);
+                tma_tile(sK + s * TILE, &map_k, k_full(s), kvh, (j0 + j) * 128, b, 128);
                 if (j >= FWD_STAGES) mbar_wait(v_empty(s), phase);
                 mbar_arrive_expect_tx(v_full(s), TILE);
-                tma_tile(sV + s * TILE, &map_v, v_full(s), kvh, j * 128, b, 128);
+                tma_tile(sV + s * TILE, &map_v, v_full(s), kvh, (j0 + j) * 128, b, 128);
             }
         }
         return;
@@ -426,6 +459,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int c = consumer_index();  // consumer: rows 64c..64c+63 of the tile
     const Lane ln;
     const uint32_t q_rows = sQ + c * 64 * 128;  // this consumer's rows, in each half of Q
+    // Step j walks key tile j0 + j. A row sees the keys from its document's first on (first[r]
+    // for this thread's rows; 0 without documents), up to itself.
+    const int64_t row0 = q0 + c * 64;
+    int64_t first[2] = {0, 0};
+    if (DOCS)
+        for (int r = 0; r < 2; r++) first[r] = docs.first_key(b, min(row0 + ln.row(r), p.seq - 1));
+    auto masked = [&](int64_t j) { return j == n_kv_tiles - 1 || (DOCS && (j0 + j) * 128 < first[1]); };
     float o[64], sc[64], row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, correction[2];
     uint32_t pa[32];
 #pragma unroll
@@ -463,7 +503,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     wgmma_wait<0>();
     fence_regs<64>(sc);
     mbar_arrive(k_empty(0));
-    online_softmax(sc, row_max, row_sum, correction, n_kv_tiles == 1, c, ln, p.scale_log2);
+    online_softmax<DOCS>(sc, row_max, row_sum, correction, masked(0), c, j0 * 128, row0, first, ln, p.scale_log2);
     wait_tiles_after(0);
     pack_p(pa, sc);
 
@@ -477,7 +517,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<1>();  // S_j done
         fence_regs<64>(sc);
         mbar_arrive(k_empty(s));
-        online_softmax(sc, row_max, row_sum, correction, j == n_kv_tiles - 1, c, ln, p.scale_log2);
+        online_softmax<DOCS>(sc, row_max, row_sum, correction, masked(j), c, (j0 + j) * 128, row0, first, ln, p.scale_log2);
         wait_tiles_after(j);
         wgmma_wait<0>();  // O += P_{j-1} V_{j-1} done: O can be rescaled, P_j packed
         fence_regs<64>(o);
@@ -580,11 +620,11 @@ static_assert(dkdv_smem<true>() <= 227 * 1024, "the fused dK/dV/dQ kernel's shar
 // on edge tiles only, descriptors built once per tile (see zero_outside and desc_bits). With
 // FUSED_DQ the consumers do not take turns; they meet at a named barrier before dQ every step
 // (docs/attention.md has the turns tried there, and the other variants not kept).
-template <bool FUSED_DQ>
+template <bool FUSED_DQ, bool DOCS = false>
 __global__ void __launch_bounds__(THREADS, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
                 const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
-                const BwdParams p) {
+                const BwdParams p, const AttentionDocs call_docs) {
 #if !HOPPER_STUB
     const uint32_t sK = aligned_smem(), sV = sK + TILE, sQ = sV + TILE, sdO = sQ + BWD_STAGES * HALF_TILE;
     const uint32_t sdST = sdO + BWD_STAGES * HALF_TILE;          // FUSED_DQ: 2 x [128][64] bf16 dS^T
@@ -608,8 +648,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int kvh = (int)(chain % p.n_kv_heads), b = (int)(chain / p.n_kv_heads);
     const int64_t k0 = k_tile * 128;
     const int64_t first_qt = k0 / BQ, n_qt = (p.seq + BQ - 1) / BQ;
+    // The query tiles first_qt .. qt_end - 1: with documents, none after the block's last key's
+    // document (the lean backward only: the fused one's ordered adds assume every key tile up to
+    // the diagonal adds to a query tile).
+    static_assert(!(FUSED_DQ && DOCS), "packed documents take the lean backward");
+    const DocumentView docs(DOCS ? call_docs : AttentionDocs{}, p.seq);
+    const int64_t qt_end = docs.on() ? (docs.doc_end(b, min(k0 + 127, p.seq - 1)) + BQ - 1) / BQ : n_qt;
     // One flat loop over (query head of the group, query tile), in the order of Walk.
-    const int64_t n_steps = p.group * (n_qt - first_qt);
+    const int64_t n_steps = p.group * (qt_end - first_qt);
 
     if (threadIdx.x == 0) {
         mbar_init(kv_full, 1);
@@ -636,7 +682,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             // blocks would wait for blocks that cannot start until they finish.)
             int* counts = (int*)(p.dq_accum + dq_sum_floats(p.batch, p.n_heads, n_qt));
             uint32_t parity = 0;
-            Walk<FUSED_DQ> walk(first_qt, n_qt, p.group);
+            Walk<FUSED_DQ> walk(first_qt, qt_end, p.group);
             for (int64_t step = 0; step < n_steps; step++, walk.next(), parity ^= 1) {
                 const int64_t tile = ((int64_t)b * p.n_heads + kvh * p.group + walk.head) * n_qt + walk.qt;
                 float* dst = p.dq_accum + tile * (BQ * HD);
@@ -661,7 +707,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 tma_tile(sK, &map_k, kv_full, kvh, k0, b, 128);
                 tma_tile(sV, &map_v, kv_full, kvh, k0, b, 128);
             }
-            Walk<FUSED_DQ> walk(first_qt, n_qt, p.group);
+            Walk<FUSED_DQ> walk(first_qt, qt_end, p.group);
             for (int64_t step = 0; step < n_steps; step++, walk.next()) {
                 const int h = kvh * p.group + walk.head;
                 const int64_t head_row = ((int64_t)b * p.n_heads + h) * p.seq, qt = walk.qt;
@@ -701,7 +747,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     // every step (a tile whose queries all precede this consumer's keys is masked to zero).
     const Turns turns(c, 2 * n_steps, !FUSED_DQ);
     Ring<BWD_STAGES> ring;
-    Walk<FUSED_DQ> walk(first_qt, n_qt, p.group);
+    Walk<FUSED_DQ> walk(first_qt, qt_end, p.group);
+    // With documents, this thread's keys are seen by the queries before key_end[r] only (the end
+    // of the key's document).
+    int64_t key_end[2] = {p.seq, p.seq};
+    if (DOCS)
+        for (int r = 0; r < 2; r++) key_end[r] = docs.doc_end(b, min(k0 + c * 64 + ln.row(r), p.seq - 1));
     for (int64_t step = 0; step < n_steps; step++, ring.next(), walk.next()) {
         const int s = ring.stage;
         const int64_t q0 = walk.qt * BQ;
@@ -751,8 +802,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const float lse = e & 1 ? lse_r[jj].y : lse_r[jj].x;
                 st[4 * jj + e] = exp2_fast(fmaf(st[4 * jj + e], p.scale_log2, -lse));
             }
-        // Zero where query q0 + x precedes key k0 + 64c + r, or is past the end.
+        // Zero where query q0 + x precedes key k0 + 64c + r, or is past the end; with documents,
+        // where it is past the key's document.
         if (q0 < k0 + 128 || q0 + BQ > p.seq) zero_outside(st, ln, k0 + c * 64 - q0, BQ, p.seq - q0);
+        if (DOCS && q0 + BQ > key_end[0]) zero_after_documents(st, ln, q0, key_end);
         // dS^T = P^T (dP^T - delta), the subtraction done by the product
         wgmma_wait<0>();
         fence_regs<32>(dpt);
@@ -871,9 +924,11 @@ __global__ void dq_convert_kernel(const BwdParams p, int64_t n_qt) {
 // ---- dQ: one block per 128 query rows of one head.
 constexpr int DQ_SMEM = 1024 + 2 * TILE + BWD_STAGES * 2 * HALF_TILE + 8 * (1 + 2 * BWD_STAGES);
 
+template <bool DOCS>
 __global__ void __launch_bounds__(THREADS, 1)
     dq_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_do,
-              const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v, const BwdParams p) {
+              const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v, const BwdParams p,
+              const AttentionDocs call_docs) {
 #if !HOPPER_STUB
     const uint32_t sQ = aligned_smem(), sdO = sQ + TILE, sK = sdO + TILE, sV = sK + BWD_STAGES * HALF_TILE;
     const uint32_t bars = sV + BWD_STAGES * HALF_TILE;
@@ -894,7 +949,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int h = kvh * p.group + (int)(inner % p.group);
     const int64_t q_tile = p.n_tiles - 1 - inner / p.group;
     const int64_t q0 = q_tile * 128;
-    const int64_t n_kt = min((q0 + 128) / BQ, (p.seq + BQ - 1) / BQ);
+    // Key tiles kt0 .. n_kt - 1: with documents, none before the block's first row's document.
+    const DocumentView docs(DOCS ? call_docs : AttentionDocs{}, p.seq);
+    const int64_t kt0 = DOCS ? docs.first_key(b, q0) / BQ : 0, n_kt = min((q0 + 128) / BQ, (p.seq + BQ - 1) / BQ) - kt0;
 
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
@@ -913,8 +970,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const int s = (int)(kt % BWD_STAGES);
                 if (kt >= BWD_STAGES) mbar_wait(empty(s), (uint32_t)((kt / BWD_STAGES - 1) & 1));
                 mbar_arrive_expect_tx(full(s), 2 * HALF_TILE);
-                tma_tile(sK + s * HALF_TILE, &map_k, full(s), kvh, kt * BQ, b, BQ);
-                tma_tile(sV + s * HALF_TILE, &map_v, full(s), kvh, kt * BQ, b, BQ);
+                tma_tile(sK + s * HALF_TILE, &map_k, full(s), kvh, (kt0 + kt) * BQ, b, BQ);
+                tma_tile(sV + s * HALF_TILE, &map_v, full(s), kvh, (kt0 + kt) * BQ, b, BQ);
             }
         }
         return;
@@ -932,6 +989,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         lse2[r] = row < p.seq ? p.lse[head_row + row] * LOG2E : 0.f;
         delta[r] = row < p.seq ? p.delta[head_row + row] : 0.f;
     }
+    // With documents, this thread's rows see keys from first[r] on (their documents' starts).
+    int64_t first[2] = {0, 0};
+    if (DOCS)
+        for (int r = 0; r < 2; r++) first[r] = docs.first_key(b, min(q0 + c * 64 + ln.row(r), p.seq - 1));
     float dq[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) dq[i] = 0.f;
@@ -945,7 +1006,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     Ring<BWD_STAGES> ring;
     for (int64_t kt = 0; kt < n_kt; kt++, ring.next()) {
         const int s = ring.stage;
-        const int64_t k0 = kt * BQ;
+        const int64_t k0 = (kt0 + kt) * BQ;
         mbar_wait(full(s), ring.phase);
         const uint32_t k_tile = sK + s * HALF_TILE, v_tile = sV + s * HALF_TILE;
         float sc[32], dp[32];
@@ -965,8 +1026,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int jj = 0; jj < 8; jj++)
 #pragma unroll
             for (int e = 0; e < 4; e++) sc[4 * jj + e] = exp2_fast(fmaf(sc[4 * jj + e], p.scale_log2, -lse2[e / 2]));
-        // Zero where key k0 + x follows query row q0 + 64c + r.
+        // Zero where key k0 + x follows query row q0 + 64c + r, or (documents) is before its document.
         if (k0 + BQ - 1 > q0 + c * 64) zero_outside(sc, ln, -BQ, q0 + c * 64 - k0, BQ);
+        if (DOCS && k0 < first[1]) zero_before_documents(sc, ln, k0, first);
         wgmma_wait<0>();
         fence_regs<32>(dp);
 #pragma unroll
@@ -1090,18 +1152,19 @@ static bool attention_hopper_applies(const AttentionShape& sh, std::initializer_
 void attention_forward_hopper(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
     if (!attention_hopper_applies(sh, {a.q, a.k, a.v}, {a.ldq, a.ldk, a.ldv}))
         usage_error("attention_forward_hopper: needs head dim 128, sm_90, 16-byte aligned q, k, v");
-    if (a.docs.start) usage_error("attention_forward_hopper: packed documents go to the reference kernels");
     if (sh.seq == 0 || sh.batch == 0) return;
     using namespace hopper;
     FwdParams p{};
     p.out = a.out, p.lse = a.lse, p.ldo = a.ldo, p.seq = sh.seq, p.n_q_tiles = (sh.seq + 127) / 128;
     p.n_heads = sh.n_heads, p.batch = sh.batch, p.group = sh.n_heads / sh.n_kv_heads;
     p.scale_log2 = (1.0f / sqrtf((float)sh.head_dim)) * LOG2E;
+    p.docs = a.docs;
     const CUtensorMap mq = tensor_map(a.q, sh.n_heads, a.ldq, sh.seq, sh.batch, 128);
     const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, 128);
     const CUtensorMap mv = tensor_map(a.v, sh.n_kv_heads, a.ldv, sh.seq, sh.batch, 128);
     const int64_t blocks = p.n_q_tiles * sh.n_heads * sh.batch;
-    launch(forward_kernel, blocks, FWD_SMEM, s, mq, mk, mv, p);
+    if (a.docs.start) launch(forward_kernel<true>, blocks, FWD_SMEM, s, mq, mk, mv, p);
+    else launch(forward_kernel<false>, blocks, FWD_SMEM, s, mq, mk, mv, p);
 }
 
 // Backward with delta given (a.out == nullptr): the dK/dV kernel, then the dQ kernel; with
@@ -1112,7 +1175,8 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
         usage_error("attention_backward_hopper: needs delta given, head dim 128, sm_90, 16-byte aligned inputs");
     if (a.dq_accum && !hopper::fused_dq_aligned(a))
         usage_error("attention_backward_hopper: the fused backward needs 16-byte aligned dq and dq_accum, lddq % 8 == 0");
-    if (a.docs.start) usage_error("attention_backward_hopper: packed documents go to the reference kernels");
+    if (a.docs.start && a.dq_accum)
+        usage_error("attention_backward_hopper: packed documents take the lean backward (no dq_accum)");
     if (sh.seq == 0 || sh.batch == 0) return;
     using namespace hopper;
     BwdParams p{};
@@ -1134,9 +1198,10 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
                 const int64_t n_qt = (sh.seq + BQ - 1) / BQ, sums = dq_sum_floats(sh.batch, sh.n_heads, n_qt);
                 CUDA_CHECK(cudaMemsetAsync(a.dq_accum + sums, 0xFF, sh.batch * sh.n_heads * n_qt * sizeof(int), s));
             }
-            launch(dkdv_kernel<true>, blocks, dkdv_smem<true>(), s, mq, mdo, mk, mv, p);
+            launch(dkdv_kernel<true>, blocks, dkdv_smem<true>(), s, mq, mdo, mk, mv, p, AttentionDocs{});
         } else {
-            launch(dkdv_kernel<false>, blocks, dkdv_smem<false>(), s, mq, mdo, mk, mv, p);
+            if (a.docs.start) launch(dkdv_kernel<false, true>, blocks, dkdv_smem<false>(), s, mq, mdo, mk, mv, p, a.docs);
+            else launch(dkdv_kernel<false>, blocks, dkdv_smem<false>(), s, mq, mdo, mk, mv, p, a.docs);
         }
     }
     if ((opt.parts & 2) && a.dq_accum) {  // dQ from the fused kernel's fp32 sums
@@ -1149,7 +1214,8 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
         const CUtensorMap mk = tensor_map(a.k, sh.n_kv_heads, a.ldk, sh.seq, sh.batch, BQ);
         const CUtensorMap mv = tensor_map(a.v, sh.n_kv_heads, a.ldv, sh.seq, sh.batch, BQ);
         const int64_t blocks = p.n_tiles * sh.n_heads * sh.batch;
-        launch(dq_kernel, blocks, DQ_SMEM, s, mq, mdo, mk, mv, p);
+        if (a.docs.start) launch(dq_kernel<true>, blocks, DQ_SMEM, s, mq, mdo, mk, mv, p, a.docs);
+        else launch(dq_kernel<false>, blocks, DQ_SMEM, s, mq, mdo, mk, mv, p, a.docs);
     }
 }
 
@@ -1170,21 +1236,20 @@ bool attention_uses_hopper(const AttentionShape& sh) {
            sh.seq < ((int64_t)1 << 31) && hopper_device();
 }
 
-// Packed documents go to the reference kernels.
 void attention_forward(const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
-    if (!use_reference && !a.docs.start && attention_hopper_applies(sh, {a.q, a.k, a.v}, {a.ldq, a.ldk, a.ldv}))
+    if (!use_reference && attention_hopper_applies(sh, {a.q, a.k, a.v}, {a.ldq, a.ldk, a.ldv}))
         attention_forward_hopper(a, sh, s);
     else
         attention_forward_reference(a, sh, s);
 }
 
 void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
-    if (use_reference || a.docs.start || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
+    if (use_reference || !attention_hopper_applies(sh, {a.q, a.k, a.v, a.dout}, {a.ldq, a.ldk, a.ldv, a.lddo}))
         return attention_backward_reference(a, sh, s);
     AttentionBackwardArgs given = a;
     // For a fused backward the alignments of dq and dq_accum do not allow (never the model's
-    // buffers), the deterministic kernels run instead.
-    if (a.dq_accum && !hopper::fused_dq_aligned(a)) given.dq_accum = nullptr;
+    // buffers), and for packed documents, the deterministic kernels run instead.
+    if (a.dq_accum && (!hopper::fused_dq_aligned(a) || a.docs.start)) given.dq_accum = nullptr;
     if (a.out) {  // delta = rowsum(dout * out) first (Ulysses computes it on the token side)
         attention_delta(a, sh, s);
         given.out = nullptr;
