@@ -3,6 +3,7 @@
 // files, and resuming a run (on a GPU): a resumed run, also after a kill, computes exactly the
 // losses of an uninterrupted one.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -491,6 +492,114 @@ TEST(TokenFiles, WindowsComeFromTheFile) {
             EXPECT_EQ(y[b * 50 + i], x[b * 50 + i + 1]);             // targets are the next tokens
             EXPECT_EQ((x[b * 50 + i] + 1) % 97, x[b * 50 + i + 1]);  // consecutive in the file
         }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tools/tokenize.py: text to a version-2 token file, read back by the program's reader.
+bool have_tokenizer_tool() { return std::ifstream("tools/tokenize.py").good() && run_command("python3 -c 1").code == 0; }
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// The expected tokens of byte-level documents: each document's bytes, after the BOS (256) if asked.
+void expect_documents(const TokenFile& tf, const std::vector<std::string>& docs, bool bos) {
+    std::vector<uint32_t> tokens;
+    std::vector<uint64_t> starts;
+    for (const std::string& d : docs) {
+        starts.push_back(tokens.size());
+        if (bos) tokens.push_back(256);
+        for (unsigned char ch : d) tokens.push_back(ch);
+    }
+    EXPECT_EQ(tf.version, 2u);
+    EXPECT_EQ(tf.doc_starts, starts);
+    ASSERT_EQ(tf.count, tokens.size());
+    EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), tf.tokens));
+}
+
+TEST(TokenizeTool, BytesOfAFolderReadBackAsItsDocuments) {
+    if (!have_tokenizer_tool()) GTEST_SKIP() << "run from the repository root, with python3";
+    const std::string dir = tmpdir("tokenize_bytes");
+    mkdir((dir + "/corpus").c_str(), 0755), mkdir((dir + "/corpus/sub").c_str(), 0755);
+    write_text(dir + "/corpus/a.txt", "caf\xc3\xa9\n");  // UTF-8, and bytes over 127
+    write_text(dir + "/corpus/b.bin", std::string("\x00\xff\x01", 3));
+    write_text(dir + "/corpus/sub/c.txt", "in a subfolder");
+    write_text(dir + "/corpus/sub/d.txt", "and its second file");
+    write_text(dir + "/corpus/empty.txt", "");
+    write_text(dir + "/corpus/.hidden", "left out");
+    CommandResult r = run_command("python3 tools/tokenize.py --bytes --bos --out " + dir + "/docs.bin " + dir + "/corpus");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("4 documents"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("1 empty documents left out"), std::string::npos) << r.output;
+    expect_documents(TokenFile(dir + "/docs.bin", 257),
+                     {"caf\xc3\xa9\n", std::string("\x00\xff\x01", 3), "in a subfolder", "and its second file"}, true);
+    // --doc-per-folder: a subfolder's files, concatenated in sorted order, are one document.
+    r = run_command("python3 tools/tokenize.py --bytes --doc-per-folder --out " + dir + "/folders.bin " + dir + "/corpus");
+    ASSERT_EQ(r.code, 0) << r.output;
+    expect_documents(TokenFile(dir + "/folders.bin", 257),
+                     {"caf\xc3\xa9\n", std::string("\x00\xff\x01", 3), "in a subfolderand its second file"}, false);
+    // JSON lines: each object's "text" is a document (blank lines skipped).
+    write_text(dir + "/docs.jsonl", "{\"text\": \"one\"}\n\n{\"text\": \"two \\u00e9\", \"id\": 7}\n");
+    r = run_command("python3 tools/tokenize.py --bytes --out " + dir + "/lines.bin " + dir + "/docs.jsonl");
+    ASSERT_EQ(r.code, 0) << r.output;
+    expect_documents(TokenFile(dir + "/lines.bin", 257), {"one", "two \xc3\xa9"}, false);
+}
+
+// Bad input: a message naming the file, exit 2, and no output file (nor a temporary one) left.
+TEST(TokenizeTool, BadInputIsAUsageErrorNamingTheFile) {
+    if (!have_tokenizer_tool()) GTEST_SKIP() << "run from the repository root, with python3";
+    const std::string dir = tmpdir("tokenize_bad");
+    mkdir((dir + "/broken").c_str(), 0755);
+    symlink((dir + "/nowhere").c_str(), (dir + "/broken/link.txt").c_str());  // listed, unreadable
+    write_text(dir + "/empty.txt", "");
+    write_text(dir + "/bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": 5}\n");
+    write_text(dir + "/notjson.jsonl", "{\"text\": \n");
+    write_text(dir + "/ok.txt", "ok");
+    const std::pair<std::string, std::string> cases[] = {
+        {"--bytes " + dir + "/broken", dir + "/broken/link.txt: cannot read it"},
+        {"--bytes " + dir + "/empty.txt", "an empty corpus"},
+        {"--bytes " + dir + "/bad.jsonl", dir + "/bad.jsonl:2: a JSON object with a string \"text\" expected"},
+        {"--bytes " + dir + "/notjson.jsonl", dir + "/notjson.jsonl:1: not a JSON object"},
+        {"--bytes " + dir + "/missing.txt", dir + "/missing.txt: no such file or folder"},
+        {"--bytes --eos " + dir + "/ok.txt", "--eos: this tokenizer has no end-of-text token"},
+        {"--tokenizer " + dir + " " + dir + "/ok.txt", ""},  // no tokenizer.json there (or no package)
+    };
+    for (const auto& [args, why] : cases) {
+        SCOPED_TRACE(args);
+        CommandResult r = run_command("python3 tools/tokenize.py --out " + dir + "/out.bin " + args);
+        EXPECT_EQ(r.code, 2) << r.output;
+        EXPECT_NE(r.output.find(why), std::string::npos) << r.output;
+        EXPECT_FALSE(std::ifstream(dir + "/out.bin").good());
+    }
+    EXPECT_EQ(run_command("ls " + dir).output.find(".tmp"), std::string::npos) << "a temporary output was left behind";
+}
+
+// A Hugging Face tokenizer.json through the `tokenizers` package (where it is installed): a word
+// level one written here, its BOS from tokenizer_config.json; text that is not UTF-8 refused.
+TEST(TokenizeTool, HuggingFaceTokenizerWhereInstalled) {
+    if (!have_tokenizer_tool()) GTEST_SKIP() << "run from the repository root, with python3";
+    if (run_command("python3 -c 'import tokenizers'").code != 0) GTEST_SKIP() << "the tokenizers package is not installed";
+    const std::string dir = tmpdir("tokenize_hf");
+    mkdir((dir + "/tok").c_str(), 0755);
+    write_text(dir + "/tok/tokenizer.json",
+               "{\"version\": \"1.0\", \"truncation\": null, \"padding\": null, \"added_tokens\": [], \"normalizer\": null,"
+               " \"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"post_processor\": null, \"decoder\": null,"
+               " \"model\": {\"type\": \"WordLevel\", \"vocab\": {\"<s>\": 0, \"hello\": 1, \"world\": 2, \"[UNK]\": 3},"
+               " \"unk_token\": \"[UNK]\"}}");
+    write_text(dir + "/tok/tokenizer_config.json", "{\"bos_token\": \"<s>\"}");
+    write_text(dir + "/a.txt", "hello world hello");
+    write_text(dir + "/b.txt", "world again");
+    CommandResult r = run_command("python3 tools/tokenize.py --tokenizer " + dir + "/tok --bos --out " + dir + "/hf.bin " +
+                                  dir + "/a.txt " + dir + "/b.txt");
+    ASSERT_EQ(r.code, 0) << r.output;
+    TokenFile tf(dir + "/hf.bin", 4);
+    EXPECT_EQ(tf.doc_starts, (std::vector<uint64_t>{0, 4}));
+    ASSERT_EQ(tf.count, 7u);
+    const uint32_t want[] = {0, 1, 2, 1, 0, 2, 3};
+    EXPECT_TRUE(std::equal(want, want + 7, tf.tokens));
+    write_text(dir + "/latin1.txt", "caf\xe9");
+    r = run_command("python3 tools/tokenize.py --tokenizer " + dir + "/tok/tokenizer.json --out " + dir + "/x.bin " + dir +
+                    "/latin1.txt");
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find(dir + "/latin1.txt: not UTF-8"), std::string::npos) << r.output;
 }
 
 // ---------------------------------------------------------------------------------------------
