@@ -3,9 +3,9 @@
 // the techniques call again, and one section per technique file with the hooks it provides.
 // Where each flag changes the step is one table, docs/design.md#where-each-flag-changes-the-step.
 //
-// The layers' kernels and the matrix products are kernels/kernels.h, attention kernels.h's
-// neighbour kernels/attention.h; the arena and the error checks infra/memory.h; the communicator
-// infra/comm.h; the timeline infra/timeline.h.
+// The layers' kernels and the matrix products are declared in kernels/kernels.h, attention in
+// kernels/attention.h; the arena and the error checks in infra/memory.h; the communicator in
+// infra/comm.h; the timeline in infra/timeline.h.
 #pragma once
 
 #include <cuda_bf16.h>
