@@ -158,11 +158,19 @@ bench: build/bench_attention
 	build/bench_attention --seqs $(BENCH_SEQS) --shapes $(BENCH_SHAPES) $(BENCH_ARGS)
 	@python3 -c 'import torch' 2>/dev/null && python3 bench/attention_vs_torch.py --seqs $(BENCH_SEQS) --shapes $(BENCH_SHAPES) || echo "(PyTorch not installed: no side-by-side)"
 
+# Real text at long context: the Linux kernel's source from Debian's linux-source package,
+# folders concatenated into documents of 100 KB to 10 MB, byte-level tokens (--config mini-bytes).
+# DATA_OUT/train.tok from fs, net, kernel, mm, lib, block, ipc and init; DATA_OUT/heldout.tok
+# from sound, crypto and security. Where no package registry is reached, carry
+# DATA_OUT/text.tar.xz (21 MiB) and run this again: it tokenizes the carried text.
+DATA_OUT ?= data/linux
+data:
+	python3 bench/corpus.py --out $(DATA_OUT)
 
 clean:
 	rm -rf build train
 
-.PHONY: all test run bench ladder long throughput clean
+.PHONY: all test run bench ladder long throughput data clean
 .SECONDARY:
 
 # The figures: every notebook in notebooks/ runs headless over the committed results (a copy with

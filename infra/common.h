@@ -114,6 +114,11 @@ inline std::vector<LlamaConfig> known_configs() {
     c.head_dim = 128; c.ffn_dim = 1536; c.vocab = 131072; c.tied_embeddings = true;
     c.rope_scaling = {true, 32.0, 1.0, 4.0, 8192};
     all.push_back(c);
+    // The same model over bytes (tools/tokenize.py --bytes: 256 byte values and a
+    // begin-of-document token, in a vocabulary rounded up to a piece): text at long context, as
+    // make data builds it from Debian's linux-source.
+    c.name = "mini-bytes"; c.vocab = 384;
+    all.push_back(c);
     return all;
 }
 

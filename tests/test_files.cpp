@@ -602,6 +602,56 @@ TEST(TokenizeTool, HuggingFaceTokenizerWhereInstalled) {
     EXPECT_NE(r.output.find(dir + "/latin1.txt: not UTF-8"), std::string::npos) << r.output;
 }
 
+// bench/corpus.py (make data): folders of a source tarball become documents between
+// --min-bytes and --max-bytes, each file after a line naming it; the training and the held-out
+// documents come from different directories, and both token files read back.
+TEST(CorpusTool, FoldersBecomeDocumentsOfBoundedSize) {
+    if (!have_tokenizer_tool() || !std::ifstream("bench/corpus.py").good()) GTEST_SKIP() << "run from the repository root, with python3";
+    const std::string dir = tmpdir("corpus"), top = dir + "/src/linux-x";
+    const std::map<std::string, std::string> files = {
+        {"fs/a.c", std::string(300, 'a')}, {"fs/sub/b.c", std::string(400, 'b')}, {"fs/a.o", "binary"},
+        {"net/n1.c", std::string(600, 'n')}, {"net/n2.c", std::string(600, 'm')},      // own files: two runs
+        {"net/small/x.c", std::string(50, 'x')}, {"net/big/y.c", std::string(500, 'y')},  // left out; one document
+        {"kernel/k.c", std::string(200, 'k')}, {"mm/k.c", std::string(200, 'l')}, {"lib/k.c", std::string(200, 'i')},
+        {"block/k.c", std::string(200, 'o')}, {"ipc/k.c", std::string(200, 'p')}, {"init/k.c", std::string(200, 'q')},
+        {"sound/s.c", std::string(200, 's')}, {"crypto/c.c", std::string(200, 'c')}, {"security/s.c", std::string(200, 'e')}};
+    for (const auto& [path, text] : files) {
+        ASSERT_EQ(run_command("mkdir -p $(dirname " + top + "/" + path + ")").code, 0);
+        write_text(top + "/" + path, text);
+    }
+    ASSERT_EQ(run_command("tar -cJf " + dir + "/src.tar.xz -C " + dir + "/src linux-x").code, 0);
+    const std::string cmd = "python3 bench/corpus.py --out " + dir + "/out --source " + dir + "/src.tar.xz --min-bytes 100 --max-bytes 1000";
+    CommandResult r = run_command(cmd);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("train: 10 documents"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("50 bytes in pieces under 100 bytes left out"), std::string::npos) << r.output;
+    auto doc = [&](std::initializer_list<std::string> paths) {
+        std::string d;
+        for (const std::string& p : paths) d += "==> " + p + " <==\n" + files.at(p);
+        return d;
+    };
+    // In sorted order of the document names: net.2 (net's second run of own files) before net.
+    expect_documents(TokenFile(dir + "/out/train.tok", 257),
+                     {doc({"block/k.c"}), doc({"fs/a.c", "fs/sub/b.c"}), doc({"init/k.c"}), doc({"ipc/k.c"}),
+                      doc({"kernel/k.c"}), doc({"lib/k.c"}), doc({"mm/k.c"}), doc({"net/n2.c"}), doc({"net/n1.c"}),
+                      doc({"net/big/y.c"})}, true);
+    expect_documents(TokenFile(dir + "/out/heldout.tok", 257),
+                     {doc({"crypto/c.c"}), doc({"security/s.c"}), doc({"sound/s.c"})}, true);
+    // Run again: the outputs are there, nothing is rebuilt. The GPU machine's path: only
+    // text.tar.xz carried, the token files made from it.
+    r = run_command(cmd);
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("are there"), std::string::npos) << r.output;
+    ASSERT_EQ(run_command("mkdir " + dir + "/carried && cp " + dir + "/out/text.tar.xz " + dir + "/carried/").code, 0);
+    r = run_command("python3 bench/corpus.py --out " + dir + "/carried");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(run_command("cmp " + dir + "/out/train.tok " + dir + "/carried/train.tok").code, 0);
+    // A source that is not there: exit 2, naming it.
+    r = run_command("python3 bench/corpus.py --out " + dir + "/none --source " + dir + "/missing.tar.xz");
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find(dir + "/missing.tar.xz: no such file"), std::string::npos) << r.output;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The binary: bad files are usage errors before any GPU work (so this runs on CI too).
 using Result = CommandResult;
