@@ -15,21 +15,25 @@
 
 #include "kernels/attention.h"
 
+// The index of the document holding flat token `flat`: the last of `count` ascending starts at
+// or before it (start[0] = 0 <= flat). RoPE's positions (kernels/kernels.cu) use it too.
+__host__ __device__ inline int64_t document_index(const int64_t* start, int64_t count, int64_t flat) {
+    int64_t lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (start[mid] <= flat) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 struct DocumentView {
     const int64_t* start;
     int64_t count, seq;
     __host__ __device__ DocumentView(const AttentionDocs& d, int64_t seq_) : start(d.start), count(d.count), seq(seq_) {}
     __host__ __device__ bool on() const { return start != nullptr; }
     // The index of the document holding flat token `flat`: the last start at or before it.
-    __host__ __device__ int64_t index_of(int64_t flat) const {
-        int64_t lo = 0, hi = count - 1;  // start[0] = 0 <= flat
-        while (lo < hi) {
-            const int64_t mid = (lo + hi + 1) / 2;
-            if (start[mid] <= flat) lo = mid;
-            else hi = mid - 1;
-        }
-        return lo;
-    }
+    __host__ __device__ int64_t index_of(int64_t flat) const { return document_index(start, count, flat); }
     // The first key row `row` of sequence b may see (0 without documents).
     __host__ __device__ int64_t first_key(int b, int64_t row) const {
         if (!on()) return 0;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "llama.h"
+#include "kernels/documents.cuh"
 // =============================================================================================
 // Small device helpers.
 namespace {
@@ -219,13 +220,8 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
 // position plus its distance from the document's start (the last start at or before it).
 __device__ inline int64_t rope_position(int64_t flat, int64_t in_seq, const DocPositions& docs) {
     if (!docs.start) return in_seq;
-    int64_t lo = 0, hi = docs.count - 1;
-    while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (docs.start[mid] <= flat) lo = mid;
-        else hi = mid - 1;
-    }
-    return docs.first[lo] + flat - docs.start[lo];
+    const int64_t d = document_index(docs.start, docs.count, flat);
+    return docs.first[d] + flat - docs.start[d];
 }
 
 __global__ void rope_kernel(bf16* x, int64_t n_rows, int64_t row0, int64_t seq, int64_t pos0,
