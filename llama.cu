@@ -358,7 +358,8 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     if (m.world > 1) m.comm->all_reduce(m.scalars + 0, 1, DType::F32, s);
 }
 
-// The units in the order the step acquires them (FSDP gathers each ahead of its turn).
+// The units in the order the step acquires them (FSDP gathers each ahead of its turn); a
+// forward alone (model_forward_loss) stops after the head's loss.
 std::vector<int> model_unit_order(const Model& m) {
     const ParamLayout& lay = m.layout;
     const int L = m.cfg.n_layers;
@@ -368,8 +369,44 @@ std::vector<int> model_unit_order(const Model& m) {
     order.push_back(lay.final_norm_unit());  // held through the head
     if (lay.vocab_pieces() > 1) lm_head_pieces_order(m, order);  // beyond/savings.cu: two passes over the pieces
     else order.push_back(lay.head_unit(0));
+    if (m.forward_only) return order;
     for (int l = L - 1; l >= 0; l--) order.push_back(lay.layer_unit(l));  // the backward's layers
     return order;
+}
+
+// The forward alone, for evaluation: the step's forward (every technique's forward hooks, the
+// same kernels on the same inputs, so the same per-token losses in m.losses as a step's), then
+// the head's loss without its backward. Gradients are zeroed, not computed: call it between
+// steps, never between a step's backward and its optimizer step.
+static void head_loss(Model& m, cudaStream_t s) {
+    const ParamLayout& lay = m.layout;
+    fsdp_acquire(m, lay.final_norm_unit(), s);
+    if (lay.vocab_pieces() > 1) {
+        lm_head_loss_in_pieces(m, s);  // beyond/savings.cu (--vocab-pieces): the loss pass alone
+    } else {
+        const int u = lay.head_unit(0);
+        fsdp_acquire(m, u, s);
+        for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
+            final_norm_forward(m, t0, n, s);
+            linear_forward(m.logits, m.xnf, m.w_piece(lm_head_kind(m), 0), nullptr, n, m.cfg.dim, m.cfg.vocab, s);
+            cross_entropy_forward_backward(m.logits, m.losses + t0, m.targets + t0, n, (int)m.cfg.vocab, 0.0f, s);
+        });
+        fsdp_release(m, u, s);
+    }
+    fsdp_release(m, lay.final_norm_unit(), s);
+}
+
+// The last step's progress events stay as they are (--mem-trace reads them after the run).
+void model_forward_loss(Model& m, cudaStream_t s) {
+    m.forward_only = true;  // FSDP's order of units: the forward's (model_unit_order)
+    fsdp_step_begin(m, s);
+    offload_step_begin(m, s);
+    embedding_lookup(m, s);
+    offload_save_block_input(m, 0, s);
+    for (int l = 0; l < m.cfg.n_layers; l++) forward_turn(m, l, s);
+    head_loss(m, s);
+    fsdp_step_end(m, s);
+    m.forward_only = false;
 }
 
 void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s) {

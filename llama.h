@@ -167,6 +167,7 @@ struct Model {
     std::vector<cudaEvent_t> progress;  // start, each layer's forward, the head, each backward
     int64_t saved_per_layer[MEM_NUM_CATEGORIES] = {};  // one layer's kept activations (--mem-trace)
     int progress_recorded = 0;
+    bool forward_only = false;  // within model_forward_loss: no backward follows the forward
     float* host_scalars = nullptr;
     // The techniques' own state and buffers; null when the technique is off.
     std::shared_ptr<Fsdp> fsdp;        // shards and gathered slots (fsdp.cu; also the replicated bookkeeping)
@@ -263,6 +264,9 @@ DocPositions step_doc_positions(const Model& m);
 typedef void (*ProgressFn)(void* ctx, const char* phase, int layer);
 void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress = nullptr,
                             void* progress_ctx = nullptr);
+// The forward and the loss alone (evaluation): per-token losses in m.losses, as a step's; no
+// gradients (they are zeroed). Between steps only.
+void model_forward_loss(Model& m, cudaStream_t s);
 // Gradient clipping and AdamW over all parameters. Returns nothing (grad norm in scalars[1]).
 void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s);
 // FLOPs of one training step (forward + backward), for TFLOP/s and MFU. Model FLOPs: the
@@ -414,6 +418,7 @@ int64_t dq_sums_staging_bf16s(const Model& m);
 bf16* deltas_first_in_att_output(Model& m, int l, cudaStream_t s);
 void lm_head_in_pieces(Model& m, cudaStream_t s);  // --vocab-pieces: the LM head and loss, one piece at a time
 void lm_head_pieces_order(const Model& m, std::vector<int>& order);  // the units it acquires, in order
+void lm_head_loss_in_pieces(Model& m, cudaStream_t s);  // its loss pass alone (model_forward_loss)
 
 // Selective checkpointing within a host budget (beyond/selective.cu): --ckpt=selective.
 void selective_plan(Model& m);

@@ -7,6 +7,8 @@
 //   ./train --help                                            every flag
 #include "infra/train.h"
 
+#include "infra/evaluate.h"
+
 #include <cuda_runtime.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -244,6 +246,14 @@ static const std::vector<Flag> FLAGS = {
     {"--save-dtype", Takes::VALUE, " bf16|fp32", 6, "dtype of --save-to (default bf16)", [](Options& o, V, V v) { o.save_dtype = v; }},
     {"--data", Takes::VALUE, " FILE", 6, "train on a token file (random windows; format in the README) instead of --task",
      [](Options& o, V f, V v) { o.data_path = path(f, v); }},
+    {"--eval-data", Takes::VALUE, " FILE", 6,
+     "held-out token file: after the last step (and every --eval-every), the mean loss over\n"
+     "--eval-windows fixed windows and the loss by position in the context (1-1K, 1K-2K, ...)",
+     [](Options& o, V f, V v) { o.eval_path = path(f, v); }},
+    {"--eval-every", Takes::VALUE, " N", 6, "evaluate after every N steps too", [](Options& o, V f, V v) { o.eval_every = (int)parse_int(f, v, 1, 1 << 30); }},
+    {"--eval-windows", Takes::VALUE, " K", 6, "windows of --seq-len tokens, evenly spaced over the file (default 8)",
+     [](Options& o, V f, V v) { o.eval_windows = (int)parse_int(f, v, 1, 1 << 20); }},
+    {"--eval-only", Takes::NOTHING, "", 6, "evaluate the weights (--init-from, else the seed's) and stop", [](Options& o, V, V) { o.eval_only = true; }},
     {"--state-dir", Takes::VALUE, " DIR", 6, "the whole training state goes here, atomically, every --state-every steps",
      [](Options& o, V f, V v) { o.state_dir = path(f, v); }},
     {"--state-every", Takes::VALUE, " N", 6, "save the training state every N steps (and at the last step)",
@@ -304,6 +314,9 @@ static void check_document_options(const Options& o) {
     if (o.step.doc_mask && o.data_path.empty() && o.doc_min == 0)
         usage_error("--doc-mask needs documents: a --data file, or --doc-lengths MIN,MAX");
     if (o.step.doc_mask && o.ladder) usage_error("--ladder plans the talk's runs on one document a sequence: leave out --doc-mask");
+    if ((o.eval_every || o.eval_only || o.eval_windows != 8) && o.eval_path.empty())
+        usage_error("--eval-every, --eval-windows and --eval-only need --eval-data");
+    if (!o.eval_path.empty() && o.sim_world > 1) usage_error("--sim-world's losses are meaningless: leave out --eval-data");
 }
 
 static void check_options(Options& o) {
@@ -553,68 +566,12 @@ static std::string json_memory(const Arena& plan, int64_t host_bytes) {
     return os.str();
 }
 
-static std::string technique_flags(const StepOptions& s) {
-    std::string flags;
-    if (s.fsdp) flags += " --fsdp";
-    if (s.ulysses) flags += " --ulysses";
-    if (s.ckpt) flags += s.selective ? " --ckpt=selective" : " --ckpt";
-    if (s.offload) flags += " --offload";
-    if (s.chunked) flags += " --chunked";
-    if (s.untied) flags += " --untied=" + std::to_string(s.untied);
-    if (s.vocab_pieces != 1) flags += s.vocab_pieces ? " --vocab-pieces=" + std::to_string(s.vocab_pieces) : " --vocab-pieces";
-    if (s.one_offload_slot) flags += " --one-offload-slot";
-    if (s.grad_in_att_output) flags += " --grad-in-att-output";
-    if (s.dq_sums_in_staging) flags += " --dq-sums-in-staging";
-    return flags.empty() ? "" : flags.substr(1);
-}
-
 static double host_rss_gib(const char* key) {  // VmRSS (now) or VmHWM (peak) of this process
     std::ifstream f("/proc/self/status");
     std::string line;
     while (std::getline(f, line))
         if (line.rfind(key, 0) == 0) return std::atof(line.c_str() + strlen(key)) / (1024.0 * 1024.0);
     return 0;
-}
-
-static void write_timeline(const std::string& path, const std::vector<TimelineEntry>& tl) {
-    FILE* f = open_output(path, "--timeline");
-    fprintf(f, "[\n");
-    for (size_t i = 0; i < tl.size(); i++)
-        fprintf(f,
-                "  {\"stream\": \"%s\", \"what\": \"%s\", \"layer\": %d, \"start_ms\": %.4f, \"end_ms\": %.4f, "
-                "\"bytes\": %lld}%s\n",
-                tl[i].stream.c_str(), tl[i].what.c_str(), tl[i].layer, tl[i].start_ms, tl[i].end_ms,
-                (long long)tl[i].bytes, i + 1 < tl.size() ? "," : "");
-    fprintf(f, "]\n");
-    fclose(f);
-}
-
-// --mem-trace: one JSON line for the run, then one per progress event of the last step.
-static void write_mem_trace(const Options& o, const char* gpu, const Model& m, const Arena& arena,
-                            double driver_gib) {
-    FILE* f = open_output(o.mem_trace_path, "--mem-trace");
-    fprintf(f, "{\"type\": \"mem_trace_run\", \"command\": \"%s\", \"gpu\": \"%s\", \"config\": \"%s\", "
-               "\"layers\": %d, \"seq_len\": %lld, \"flags\": \"%s\"}\n",
-            json_escape(command_line(o)).c_str(), gpu, m.cfg.name.c_str(), m.cfg.n_layers, (long long)o.seq_len,
-            technique_flags(m.opt).c_str());
-    for (const MemTracePoint& p : model_memory_trace(m, arena)) {
-        fprintf(f, "{\"type\": \"mem_trace\", \"point\": \"%s\", \"layer\": %d, \"t_ms\": %.3f, \"live_gib\": {",
-                p.point.c_str(), p.layer, p.t_ms);
-        for (int c = 0; c < MEM_NUM_CATEGORIES; c++)
-            fprintf(f, "%s\"%s\": %.4f", c ? ", " : "", mem_category_name(c), p.live[c] / GiB);
-        fprintf(f, "}, \"host_gib\": %.4f, \"arena_gib\": %.4f, \"driver_gib\": %.4f}\n", p.host / GiB,
-                arena.total() / GiB, driver_gib);
-    }
-    fclose(f);
-}
-
-static void write_dump(const std::string& path, double loss, const std::vector<float>& grads) {
-    FILE* f = open_output(path, "--dump");
-    const char magic[8] = {'L', 'L', 'G', 'R', 'A', 'D', '0', '1'};
-    int64_t n = (int64_t)grads.size();
-    bool ok = fwrite(magic, 8, 1, f) == 1 && fwrite(&loss, 8, 1, f) == 1 && fwrite(&n, 8, 1, f) == 1 &&
-              fwrite(grads.data(), 4, grads.size(), f) == grads.size();
-    if (fclose(f) != 0 || !ok) runtime_error("writing --dump file '" + path + "' failed");
 }
 
 struct Progress {  // per-layer progress with ETA, for long steps
@@ -667,7 +624,8 @@ struct Run {
     cudaStream_t stream = nullptr;
     double nccl_gib = 0;
     bool fast_attention = false;
-    std::unique_ptr<TokenFile> token_file;
+    std::unique_ptr<TokenFile> token_file, eval_file;
+    EvalSet eval;  // --eval-data's windows
     FILE* log = nullptr;
 };
 
@@ -683,7 +641,10 @@ static SyntheticData make_data(const Run& r) {
 // keeps for their starts. A token file is read for it (its documents' starts).
 static int64_t documents_per_step(Run& r) {
     if (!r.o.data_path.empty() && !r.token_file) r.token_file.reset(new TokenFile(r.o.data_path, r.cfg.vocab));
-    return make_data(r).max_docs_per_sequence(r.o.seq_len) * r.o.batch;
+    if (!r.o.eval_path.empty() && !r.eval_file) r.eval_file.reset(new TokenFile(r.o.eval_path, r.cfg.vocab));
+    SyntheticData eval = make_data(r);  // the held-out file's windows may hold more documents
+    eval.file = r.eval_file.get(), eval.doc_min = 0;
+    return std::max(make_data(r).max_docs_per_sequence(r.o.seq_len), r.eval_file ? eval.max_docs_per_sequence(r.o.seq_len) : 0) * r.o.batch;
 }
 
 // The model, its shape on this GPU and its memory plan (no GPU needed).
@@ -849,6 +810,14 @@ static int print_plan(Run& r) {
 static void open_inputs(Run& r) {
     const Options& o = r.o;
     if (!o.init_from.empty()) check_hf_checkpoint(r.m, o.init_from);
+    if (!o.eval_path.empty()) {
+        if (!r.eval_file) r.eval_file.reset(new TokenFile(o.eval_path, r.cfg.vocab));
+        if (r.eval_file->count < (uint64_t)o.seq_len + 1)
+            usage_error("--eval-data '" + o.eval_path + "' holds " + std::to_string(r.eval_file->count) +
+                        " tokens; a window of --seq-len " + std::to_string(o.seq_len) + " needs " + std::to_string(o.seq_len + 1));
+        r.eval = EvalSet{r.eval_file.get(), eval_offsets(r.eval_file->count, o.seq_len, o.eval_windows), o.seq_len,
+                         o.batch * r.dp, o.step.doc_mask};
+    }
     if (o.data_path.empty()) return;
     if (!r.token_file) r.token_file.reset(new TokenFile(o.data_path, r.cfg.vocab));
     const uint64_t count = r.token_file->count, need = (uint64_t)o.seq_len + 1;
@@ -924,7 +893,7 @@ static void open_gpu(Run& r) {
     // Emulating rank 0 of N: the cap also holds the NCCL buffers that rank would have (the
     // plan's estimate), so what fits here fits there.
     if (r.simulated) dm.emulated_bytes = (int64_t)(NCCL_OVERHEAD_ESTIMATE_GIB * GiB);
-    m.pin_host = o.steps > 0;  // a run of no steps shows the allocation; pinned memory is planned only
+    m.pin_host = o.steps > 0 || !o.eval_path.empty();  // a run of no steps shows the allocation; pinned memory is planned only
 }
 
 // Each rank's numbers summed over all ranks, in place, on the device (setup only).
@@ -1069,6 +1038,7 @@ static void print_training(const Run& r, const SyntheticData& data) {
     printf("  attention kernels: %s%s\n", attention_kernels(r),
            o.attention != "auto" || !r.fast_attention ? ""
            : o.step.fused_attention                   ? " (auto: its fp32 dQ sums fit)"
+           : o.step.doc_mask                          ? " (auto: with --doc-mask the lean backward is as fast, without dQ sums)"
                                                       : " (auto: the fused backward's fp32 dQ sums would not fit on every GPU)");
     if (!data.file && o.task != "random")
         printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));
@@ -1122,18 +1092,13 @@ static void dump_first_step(Run& r, int64_t n_valid) {
     if (r.lead) write_dump(r.o.dump_path, loss_sum / (double)n_valid, grads);
 }
 
-// Every GPU draws the whole step's data (the same seed) and keeps its part: its sequences, or
-// under Ulysses its slice of the one sequence. Either way rank r's tokens start at r T.
-// This GPU's share of the step's documents: under Ulysses the one sequence's, all of them; data
-// parallel, those of its own sequences, counted from its first.
-static StepDocuments documents_of_rank(const Run& r, const StepDocuments& all) {
-    if (r.m.shape.sp > 1) return all;
-    const int64_t lo = (int64_t)r.rank * r.o.batch * r.o.seq_len, hi = lo + (int64_t)r.o.batch * r.o.seq_len;
-    StepDocuments mine;
-    for (size_t i = 0; i < all.start.size(); i++)
-        if (all.start[i] >= lo && all.start[i] < hi)
-            mine.start.push_back(all.start[i] - lo), mine.first_position.push_back(all.first_position[i]);
-    return mine;
+// --eval-data: the held-out loss after `step` steps, one line and one log record.
+static void run_eval(Run& r, int step) {
+    const PositionLosses p = evaluate(r.m, r.eval, r.rank, r.stream);
+    if (!r.lead) return;
+    printf("%s\n", eval_line(step, r.eval, p).c_str());
+    fflush(stdout);
+    if (r.log) fprintf(r.log, "%s\n", eval_json(step, r.eval, p).c_str()), fflush(r.log);
 }
 
 static void train_steps(Run& r, SyntheticData& data, int first_step) {
@@ -1150,7 +1115,7 @@ static void train_steps(Run& r, SyntheticData& data, int first_step) {
         data.next(all_tokens.data(), all_targets.data(), o.batch * r.dp, o.seq_len, o.step.doc_mask ? &all_docs : nullptr);
         int64_t n_valid = 0;
         for (int32_t t : all_targets) n_valid += t >= 0;
-        if (o.step.doc_mask) docs = documents_of_rank(r, all_docs);
+        if (o.step.doc_mask) docs = documents_of_rank(all_docs, m.shape.sp > 1, r.rank, T);
         model_set_batch(m, all_tokens.data() + r.rank * T, all_targets.data() + r.rank * T, r.stream, n_valid,
                         o.step.doc_mask ? &docs : nullptr);
         Progress prog{std::chrono::steady_clock::now(), r.cfg.n_layers, r.stream, &m};
@@ -1180,6 +1145,7 @@ static void train_steps(Run& r, SyntheticData& data, int first_step) {
         if (o.state_every && (s.step % o.state_every == 0 || s.step == o.steps))
             save_train_state(m, o.state_dir, s.step, data.state, r.stream, o.comm_timeout_s);
         if (r.lead) report_step(r, s, data);
+        if (r.eval.file && o.eval_every && s.step % o.eval_every == 0 && s.step < o.steps) run_eval(r, s.step);
     }
     CUDA_CHECK(cudaEventDestroy(ev0));
     CUDA_CHECK(cudaEventDestroy(ev1));
@@ -1209,7 +1175,7 @@ static int run(const Options& o, const Launch& launch) {
     check_host_memory(r);
     open_inputs(r);
     open_gpu(r);
-    if (o.attention == "auto") choose_attention(r);
+    if (o.attention == "auto" && !o.step.doc_mask) choose_attention(r);  // documents: the lean is as fast
     keep_attention_on_device(r);
     check_host_memory(r);  // the device's layers may leave fewer inputs to rebuild
     print_attention_plan(r);
@@ -1222,8 +1188,11 @@ static int run(const Options& o, const Launch& launch) {
     open_log(r);
     SyntheticData data = make_data(r);
     const int first_step = resume_or_start(r, data);
-    if (r.lead) print_training(r, data);
-    train_steps(r, data, first_step);
+    if (!o.eval_only) {
+        if (r.lead) print_training(r, data);
+        train_steps(r, data, first_step);
+    }
+    if (r.eval.file) run_eval(r, o.eval_only ? first_step : std::max(first_step, o.steps));
     finish(r);
     return EXIT_OK;
 }

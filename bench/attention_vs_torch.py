@@ -3,10 +3,19 @@ FLOP convention: forward 4*S*S*d*H/2 (causal), backward 2.5x forward. Median of 
 timings after warm-up; forward and backward alternate, as in bench/attention.cu (and training),
 so both benches time each kernel at the clocks it gets right after the other one.
 
-    python3 bench/attention_vs_torch.py [--seqs 8192,16384,65536,131072] [--shapes 3B,8B] [--reps 10] [--separate] [--json FILE]
+    python3 bench/attention_vs_torch.py [--seqs 8192,16384,65536,131072] [--shapes 3B,8B] [--reps 10] [--separate] [--docs LIST] [--json FILE]
 
 Shapes as bench/attention.cu's: 3B (24 query / 8 KV heads), 8B (32 / 8), and 3B-U8, 8B-U8 (their
 heads on one of eight Ulysses ranks: 3 / 1, 4 / 1).
+
+--docs LIST (e.g. 4K,16K,1K,32K,8K,2K): packed documents, as bench/attention.cu --docs builds
+them: the sequence is documents of these lengths, repeating, the last cut off at S. For every
+shape and length it adds two FlexAttention rows (torch.compile'd flex_attention with a block
+mask) to the SDPA ones: "flex-documents", a token attending only to earlier tokens of its own
+document, at TFLOP/s over the pairs the documents allow (a document of n tokens counts n^2/2, as
+causal counts S^2/2: the causal FLOPs times pair_share); and "flex-causal", the same tokens as one
+causal sequence, with how many times the documents' time it takes. Without FlexAttention in this
+PyTorch those rows are skipped, with a line saying so.
 """
 import argparse
 import json
@@ -15,6 +24,12 @@ import statistics
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+try:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError as e:  # an older PyTorch: the SDPA rows only
+    create_block_mask = flex_attention = None
+    FLEX_MISSING = str(e)
 
 
 SHAPES = {"3B": ("3B 24/8", 24, 8), "8B": ("8B 32/8", 32, 8), "3B-U8": ("3B-U8 3/1", 3, 1), "8B-U8": ("8B-U8 4/1", 4, 1)}
@@ -48,6 +63,120 @@ def time_pair(fwd, bwd, reps, separate, warmup=2):
     return statistics.median(tf), statistics.median(tb)
 
 
+def document_lengths(lengths, S):
+    """The documents of an S-token sequence: `lengths` repeating, the last one cut off at S (as
+    bench/attention.cu's --docs)."""
+    docs, at = [], 0
+    while at < S:
+        n = min(lengths[len(docs) % len(lengths)], S - at)
+        docs.append(n)
+        at += n
+    return docs
+
+
+def pair_share(docs, S):
+    """Of causal's S^2/2 pairs, the share the documents allow (n^2/2 for a document of n)."""
+    return sum(n * n / 2 for n in docs) / (S * S / 2)
+
+
+def causal_mask(b, h, q_idx, kv_idx):
+    """FlexAttention mask_mod: a query sees itself and the keys before it."""
+    return q_idx >= kv_idx
+
+
+def document_mask(doc_ids):
+    """FlexAttention mask_mod: causal, and within the query's own document. doc_ids is the
+    per-token document number, an int tensor on the GPU (indexed inside the compiled kernel)."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (doc_ids[q_idx] == doc_ids[kv_idx])
+    return mask_mod
+
+
+def block_mask(mask_mod, S):
+    """The BlockMask of mask_mod on S x S, made once per (shape, S, docs), outside the timing.
+    B=None, H=None: one mask for the batch and every head (the mask does not depend on them), kept
+    per 128 x 128 block. The mask_mod itself is still evaluated on all S x S pairs: create_block_mask
+    run eagerly would materialize that [S, S] boolean tensor first (1 TiB at S = 1M), so it runs
+    compiled, which fuses mask_mod into the per-block reduction and keeps only the block maps
+    ([S/128, S/128]: 256 MiB of int32 at 1M)."""
+    return torch.compile(create_block_mask)(mask_mod, B=None, H=None, Q_LEN=S, KV_LEN=S, device="cuda")
+
+
+def sdpa_rows(name, S, q, k, v, args, width):
+    """PyTorch SDPA, flash and cuDNN backends, causal: one table row each (its dict, for --json)."""
+    hq, hkv, d = q.shape[1], k.shape[1], q.shape[3]
+    flops = 4 * S * S * d * hq / 2
+    rows = []
+    for backend_name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                # GQA by repeating K/V heads (what the flash backend needs; cuDNN takes enable_gqa).
+                kk = k.repeat_interleave(hq // hkv, dim=1) if backend_name == "flash" else k
+                vv = v.repeat_interleave(hq // hkv, dim=1) if backend_name == "flash" else v
+                kw = {} if backend_name == "flash" else {"enable_gqa": True}
+                out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kw)
+                g = torch.randn_like(out)
+                fwd, bwd = time_pair(lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kw),
+                                     lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), args.reps,
+                                     args.separate)
+        except Exception as e:  # a backend that refuses the shape
+            print(f"{backend_name:{width}} {name:10} {S:8}  unavailable: {str(e).splitlines()[0][:60]}")
+            continue
+        r = dict(backend=backend_name, shape=name, seq=S, timing="separate" if args.separate else "alternating", fwd_ms=fwd, fwd_tflops=flops / fwd / 1e9,
+                 bwd_ms=bwd, bwd_tflops=2.5 * flops / bwd / 1e9, gpu=torch.cuda.get_device_name())
+        rows.append(r)
+        print(f"{backend_name:{width}} {name:10} {S:8} {fwd:9.3f} {r['fwd_tflops']:9.1f} {bwd:9.3f} {r['bwd_tflops']:9.1f}")
+    return rows
+
+
+def time_flex(flex, q, k, v, mask, args):
+    """Median ms of FlexAttention's forward and backward with this block mask, timed as the SDPA
+    rows are: the forward re-run each time (building its graph, as in training), the backward
+    through one forward's graph, kept (retain_graph), alternating unless --separate. The first
+    calls (warm-up) compile the kernels."""
+    out = flex(q, k, v, block_mask=mask, enable_gqa=True)
+    g = torch.randn_like(out)
+    return time_pair(lambda: flex(q, k, v, block_mask=mask, enable_gqa=True),
+                     lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), args.reps, args.separate)
+
+
+def flex_rows(name, S, q, k, v, lengths, args, width):
+    """FlexAttention on the documents of `lengths` (flex-documents), then on the same tokens as one
+    causal sequence (flex-causal): one table row each (its dict, for --json)."""
+    if flex_attention is None:  # said once, under the header
+        return []
+    # A fresh compile cache for each shape and length: each (shape, S, mask) is a compile of its
+    # own, and past dynamo's recompile limit a call falls back to eager FlexAttention, which builds
+    # the whole S x S score matrix.
+    torch._dynamo.reset()
+    flex = torch.compile(flex_attention)
+    hq, d = q.shape[1], q.shape[3]
+    causal_flops = 4 * S * S * d * hq / 2
+    docs = document_lengths(lengths, S)
+    doc_ids = torch.repeat_interleave(torch.arange(len(docs), dtype=torch.int32),
+                                      torch.tensor(docs)).to("cuda")  # per token, its document's number
+    rows, doc_times = [], None
+    for kernels, mask_mod, n_docs, share in (("flex-documents", document_mask(doc_ids), len(docs), pair_share(docs, S)),
+                                             ("flex-causal", causal_mask, 1, 1.0)):
+        try:
+            fwd, bwd = time_flex(flex, q, k, v, block_mask(mask_mod, S), args)
+        except Exception as e:  # a compile or launch that fails: say so, and go on
+            print(f"{kernels:{width}} {name:10} {S:8}  unavailable: {str(e).splitlines()[0][:60]}")
+            continue
+        flops = causal_flops * share
+        r = dict(kernels=kernels, shape=name, seq=S, timing="separate" if args.separate else "alternating",
+                 fwd_ms=fwd, fwd_tflops=flops / fwd / 1e9, bwd_ms=bwd, bwd_tflops=2.5 * flops / bwd / 1e9,
+                 documents=n_docs, pair_share=share, gpu=torch.cuda.get_device_name())
+        rows.append(r)
+        if kernels == "flex-documents":
+            note, doc_times = f"{n_docs} documents, pair share {share:.4f}", (fwd, bwd)
+        else:
+            note = (f"takes {fwd / doc_times[0]:.2f}x (fwd), {bwd / doc_times[1]:.2f}x (bwd) the documents' time"
+                    if doc_times else "")
+        print(f"{kernels:{width}} {name:10} {S:8} {fwd:9.3f} {r['fwd_tflops']:9.1f} {bwd:9.3f} {r['bwd_tflops']:9.1f}  {note}")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqs", default="8192,16384,65536,131072")
@@ -55,39 +184,33 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", default="")
     ap.add_argument("--separate", action="store_true", help="time the forwards, then the backwards (not alternating)")
+    ap.add_argument("--docs", default="", help="packed documents of these lengths, repeating (e.g. 4K,16K,1K,32K,8K,2K): "
+                    "adds FlexAttention rows, documents and causal")
     args = ap.parse_args()
     unknown = [k for k in args.shapes.split(",") if k not in SHAPES]
     if unknown:
         ap.error(f"--shapes takes a list of {', '.join(SHAPES)}, got {unknown[0]!r}")
+    lengths = [tokens(s) for s in args.docs.split(",")] if args.docs else []
+    if any(n <= 0 for n in lengths):
+        ap.error(f"--docs takes positive lengths, got {args.docs!r}")
+    width = 14 if lengths else 8  # the first column fits "flex-documents"
     rows = []
     print(f"PyTorch {torch.__version__} SDPA on {torch.cuda.get_device_name()}, bf16, causal, head dim 128")
-    print(f"{'backend':8} {'shape':10} {'seq':>8} {'fwd ms':>9} {'fwd TF/s':>9} {'bwd ms':>9} {'bwd TF/s':>9}")
+    if lengths:
+        print(f"FlexAttention (torch.compile) on documents of {args.docs} tokens, repeating: TF/s over the pairs "
+              "they allow; flex-causal: the same tokens as one causal sequence")
+        if flex_attention is None:
+            print(f"FlexAttention unavailable in PyTorch {torch.__version__} ({FLEX_MISSING}): its rows are skipped")
+    print(f"{'backend':{width}} {'shape':10} {'seq':>8} {'fwd ms':>9} {'fwd TF/s':>9} {'bwd ms':>9} {'bwd TF/s':>9}")
     for name, hq, hkv in (SHAPES[k] for k in args.shapes.split(",")):
         for S in (tokens(s) for s in args.seqs.split(",")):
             d = 128
             q = torch.randn(1, hq, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             k = torch.randn(1, hkv, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             v = torch.randn(1, hkv, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            flops = 4 * S * S * d * hq / 2
-            for backend_name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-                try:
-                    with sdpa_kernel(backend):
-                        # GQA by repeating K/V heads (what the flash backend needs; cuDNN takes enable_gqa).
-                        kk = k.repeat_interleave(hq // hkv, dim=1) if backend_name == "flash" else k
-                        vv = v.repeat_interleave(hq // hkv, dim=1) if backend_name == "flash" else v
-                        kw = {} if backend_name == "flash" else {"enable_gqa": True}
-                        out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kw)
-                        g = torch.randn_like(out)
-                        fwd, bwd = time_pair(lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kw),
-                                             lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), args.reps,
-                                             args.separate)
-                except Exception as e:  # a backend that refuses the shape
-                    print(f"{backend_name:8} {name:10} {S:8}  unavailable: {str(e).splitlines()[0][:60]}")
-                    continue
-                r = dict(backend=backend_name, shape=name, seq=S, timing="separate" if args.separate else "alternating", fwd_ms=fwd, fwd_tflops=flops / fwd / 1e9,
-                         bwd_ms=bwd, bwd_tflops=2.5 * flops / bwd / 1e9, gpu=torch.cuda.get_device_name())
-                rows.append(r)
-                print(f"{backend_name:8} {name:10} {S:8} {fwd:9.3f} {r['fwd_tflops']:9.1f} {bwd:9.3f} {r['bwd_tflops']:9.1f}")
+            rows += sdpa_rows(name, S, q, k, v, args, width)
+            if lengths:
+                rows += flex_rows(name, S, q, k, v, lengths, args, width)
             del q, k, v
             torch.cuda.empty_cache()
     if args.json:

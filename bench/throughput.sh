@@ -23,9 +23,12 @@ export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PAT
 L=${OUT:-gpu_logs/throughput}; mkdir -p "$L"
 CONFIGS=${CONFIGS:-llama3.1-8b llama3.2-3b}; SEQS=${SEQS:-3M 4M 5M}
 NODE_GPUS=${NODE_GPUS:---sim-world 8}; FLAGS=${FLAGS:---stage 7 --ckpt=selective}
+# TASK: the data (default --task random: causal attention over the whole sequence); packed
+# documents, e.g. TASK='--task copy --doc-lengths 64K,64K --doc-mask'.
+TASK=${TASK:---task random}
 for cfg in $CONFIGS; do for seq in $SEQS; do
   name=${cfg}_$seq
-  base="--config $cfg --seq-len $seq $NODE_GPUS $FLAGS --mem-cap-gib 80 --task random"
+  base="--config $cfg --seq-len $seq $NODE_GPUS $FLAGS --mem-cap-gib 80 $TASK"
   ./train $base --plan > "$L/$name.plan.txt" 2>&1
   read -r layers inputs outputs kinds <<< "$(python3 bench/throughput.py --run-shape "$L/$name.plan.txt")"
   [ -n "$kinds" ] || { echo "--- $name: no plan to run (see $L/$name.plan.txt)"; continue; }

@@ -114,9 +114,12 @@ void lm_head_in_pieces(Model& m, cudaStream_t s) {
     });
 }
 
-// The units the head acquires: every piece for the loss, then every piece for the backward.
+void lm_head_loss_in_pieces(Model& m, cudaStream_t s) { head_loss_pass(m, s); }
+
+// The units the head acquires: every piece for the loss, then every piece for the backward (a
+// forward alone: the loss's only).
 void lm_head_pieces_order(const Model& m, std::vector<int>& order) {
-    for (int pass = 0; pass < 2; pass++)
+    for (int pass = 0; pass < (m.forward_only ? 1 : 2); pass++)
         for (int p = 0; p < m.layout.vocab_pieces(); p++) order.push_back(m.layout.head_unit(p));
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "infra/common.h"
+#include "infra/timeline.h"
 #include "io/data.h"
 #include "io/files.h"
 #include "llama.h"
@@ -52,6 +53,10 @@ struct Options {
     bool help = false;
     std::string log_path;
     std::string mem_trace_path; // --mem-trace: live memory per category over the last step
+    std::string eval_path;      // --eval-data: a held-out token file (infra/evaluate.cpp)
+    int eval_every = 0;         // --eval-every: evaluate after every N steps (and after the last)
+    int eval_windows = 8;       // --eval-windows: the fixed windows of every evaluation
+    bool eval_only = false;     // --eval-only: evaluate the weights (--init-from) and stop
     std::vector<std::string> argv;  // the command line, for logs
 };
 
@@ -75,6 +80,11 @@ std::string command_line(const Options& o);
 // the one that cannot be written. open_output opens one for writing (nullptr for no path).
 void check_output_paths(const Options& o, bool lead);
 FILE* open_output(const std::string& path, const char* flag);
+// The files of io/outputs.cpp, and the technique flags of a step as typed (logs and traces).
+std::string technique_flags(const StepOptions& s);
+void write_timeline(const std::string& path, const std::vector<TimelineEntry>& tl);
+void write_mem_trace(const Options& o, const char* gpu, const Model& m, const Arena& arena, double driver_gib);
+void write_dump(const std::string& path, double loss, const std::vector<float>& grads);
 extern const char* FUSED_NEEDS_FAST_KERNELS;
 
 // The memory plan of a run (dry run of the arena): per category, plus pinned host bytes.

@@ -11,29 +11,29 @@ uint64_t SyntheticData::next_u64() {  // splitmix64: small, fast, reproducible e
     return z ^ (z >> 31);
 }
 
-// One window of a token file per sequence. With documents: the window's first document starts
-// at its first token, at the position the window cut into it; the others where the file says;
-// and a document's last target (the next one's first token) is not scored.
-static void file_windows(SyntheticData& d, int32_t* tokens, int32_t* targets, int batch, int64_t seq,
-                         StepDocuments* docs) {
-    const TokenFile& f = *d.file;
-    d.offsets.clear();
-    for (int b = 0; b < batch; b++) {
-        const uint64_t offset = d.next_u64() % (f.count - (uint64_t)seq);
-        d.offsets.push_back(offset);
-        for (int64_t i = 0; i < seq; i++) {
-            tokens[b * seq + i] = (int32_t)f.tokens[offset + i];
-            targets[b * seq + i] = (int32_t)f.tokens[offset + i + 1];
-        }
-        if (!docs) continue;
-        auto it = std::upper_bound(f.doc_starts.begin(), f.doc_starts.end(), offset);  // past offset's document
-        docs->start.push_back(b * seq), docs->first_position.push_back((int64_t)(offset - *(it - 1)));
-        for (; it != f.doc_starts.end() && *it <= offset + seq; ++it) {
-            const int64_t at = (int64_t)(*it - offset);  // in (0, seq]
-            targets[b * seq + at - 1] = -1;
-            if (at < seq) docs->start.push_back(b * seq + at), docs->first_position.push_back(0);
-        }
+// Sequence b is the window of the token file at `offset`. With documents: the window's first
+// document starts at its first token, at the position the window cut into it; the others where
+// the file says; and a document's last target (the next one's first token) is not scored.
+static void file_window(const TokenFile& f, uint64_t offset, int b, int64_t seq, int32_t* tokens, int32_t* targets,
+                        StepDocuments* docs) {
+    for (int64_t i = 0; i < seq; i++) {
+        tokens[b * seq + i] = (int32_t)f.tokens[offset + i];
+        targets[b * seq + i] = (int32_t)f.tokens[offset + i + 1];
     }
+    if (!docs) return;
+    auto it = std::upper_bound(f.doc_starts.begin(), f.doc_starts.end(), offset);  // past offset's document
+    docs->start.push_back(b * seq), docs->first_position.push_back((int64_t)(offset - *(it - 1)));
+    for (; it != f.doc_starts.end() && *it <= offset + seq; ++it) {
+        const int64_t at = (int64_t)(*it - offset);  // in (0, seq]
+        targets[b * seq + at - 1] = -1;
+        if (at < seq) docs->start.push_back(b * seq + at), docs->first_position.push_back(0);
+    }
+}
+
+void windows_at(const TokenFile& f, const std::vector<uint64_t>& offsets, int64_t seq, int32_t* tokens,
+                int32_t* targets, StepDocuments* docs) {
+    if (docs) docs->start.clear(), docs->first_position.clear();
+    for (size_t b = 0; b < offsets.size(); b++) file_window(f, offsets[b], (int)b, seq, tokens, targets, docs);
 }
 
 // One document of the copy or induction task, z[0 .. n-1] (a random task: uniform tokens):
@@ -54,7 +54,11 @@ static int64_t task_document(SyntheticData& d, int32_t* z, int64_t n) {
 
 void SyntheticData::next(int32_t* tokens, int32_t* targets, int batch, int64_t seq, StepDocuments* docs) {
     if (docs) docs->start.clear(), docs->first_position.clear();
-    if (file) return file_windows(*this, tokens, targets, batch, seq, docs);
+    if (file) {  // one window of the token file per sequence, at a random offset
+        offsets.clear();
+        for (int b = 0; b < batch; b++) offsets.push_back(next_u64() % (file->count - (uint64_t)seq));
+        return windows_at(*file, offsets, seq, tokens, targets, docs);
+    }
     // Each sequence is seq + 1 tokens z; inputs z[0..seq-1], targets z[1..seq]: one document, or
     // documents of doc_min .. doc_max tokens (the last cut off at seq + 1). In copy and induction
     // only the targets that repeat their document's first half are scored.
@@ -97,4 +101,14 @@ int32_t SyntheticData::next_distinct(int64_t i) {
     const int64_t j = i + (int64_t)(next_u64() % (uint64_t)(vocab - i));
     std::swap(pool[i], pool[j]);
     return pool[i];
+}
+
+StepDocuments documents_of_rank(const StepDocuments& all, bool whole_sequence, int rank, int64_t tokens) {
+    if (whole_sequence) return all;
+    const int64_t lo = (int64_t)rank * tokens, hi = lo + tokens;
+    StepDocuments mine;
+    for (size_t i = 0; i < all.start.size(); i++)
+        if (all.start[i] >= lo && all.start[i] < hi)
+            mine.start.push_back(all.start[i] - lo), mine.first_position.push_back(all.first_position[i]);
+    return mine;
 }

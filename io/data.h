@@ -39,3 +39,14 @@ struct SyntheticData {
     uint32_t next_u32() { return (uint32_t)(next_u64() >> 32); }
     int32_t next_distinct(int64_t i);
 };
+
+// The windows of a token file at these offsets, one sequence each, with their documents if docs
+// is given (as SyntheticData::next cuts them): the fixed windows of an evaluation.
+void windows_at(const TokenFile& f, const std::vector<uint64_t>& offsets, int64_t seq, int32_t* tokens,
+                int32_t* targets, StepDocuments* docs = nullptr);
+
+// Every GPU draws the whole step's data (the same seed) and keeps its part: its sequences, or
+// under Ulysses its slice of the one sequence; either way rank r's tokens start at r x tokens.
+// This GPU's share of the step's documents: under Ulysses (whole_sequence) the one sequence's,
+// all of them; data parallel, those of its own sequences, counted from its first.
+StepDocuments documents_of_rank(const StepDocuments& all, bool whole_sequence, int rank, int64_t tokens);

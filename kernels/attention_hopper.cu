@@ -307,16 +307,20 @@ struct Ring {
 // the same order and at the same step, the two diagonal tiles that only the block before has
 // coming after all of them; so with the ordered adds, a block started with the one before never
 // waits for it by more than one add. By heads, it waits two steps at every head's start.
+// With documents the fused kernel adds by descending key tile and walks by tiles up from the
+// diagonal (`up`): each tile's adders then come in the order they reach it (dkdv_kernel).
 template <bool BY_TILES>
 struct Walk {
     int head = 0;
     int64_t qt;
     const int64_t first_qt, n_qt;
     const int group;
-    __device__ Walk(int64_t first, int64_t n, int g) : qt(BY_TILES ? n - 1 : first), first_qt(first), n_qt(n), group(g) {}
+    const bool up;
+    __device__ Walk(int64_t first, int64_t n, int g, bool up_ = false)
+        : qt(BY_TILES && !up_ ? n - 1 : first), first_qt(first), n_qt(n), group(g), up(up_) {}
     __device__ void next() {
         if (BY_TILES) {
-            if (++head == group) head = 0, qt--;
+            if (++head == group) head = 0, qt += up ? 1 : -1;
         } else if (++qt == n_qt) {
             qt = first_qt, head++;
         }
@@ -642,16 +646,17 @@ __global__ void __launch_bounds__(THREADS, 1)
     // Block -> (key tile, KV head, batch). Early key tiles first (they see the most queries):
     // KV head by KV head from 16K tokens (p.kv_major: the blocks running at once walk one KV
     // head's query tiles and share them in L2), else key tile by key tile across the heads.
+    // With documents the fused kernel starts from the last key tiles (its adds go by descending
+    // key tile, below).
     const int64_t chains = (int64_t)p.n_kv_heads * p.batch;
     const int64_t chain = p.kv_major ? blockIdx.x / p.n_tiles : blockIdx.x % chains;
-    const int64_t k_tile = p.kv_major ? blockIdx.x % p.n_tiles : blockIdx.x / chains;
+    const int64_t in_chain = p.kv_major ? blockIdx.x % p.n_tiles : blockIdx.x / chains;
+    const int64_t k_tile = FUSED_DQ && DOCS ? p.n_tiles - 1 - in_chain : in_chain;
     const int kvh = (int)(chain % p.n_kv_heads), b = (int)(chain / p.n_kv_heads);
     const int64_t k0 = k_tile * 128;
     const int64_t first_qt = k0 / BQ, n_qt = (p.seq + BQ - 1) / BQ;
     // The query tiles first_qt .. qt_end - 1: with documents, none after the block's last key's
-    // document (the lean backward only: the fused one's ordered adds assume every key tile up to
-    // the diagonal adds to a query tile).
-    static_assert(!(FUSED_DQ && DOCS), "packed documents take the lean backward");
+    // document.
     const DocumentView docs(DOCS ? call_docs : AttentionDocs{}, p.seq);
     const int64_t qt_end = docs.on() ? (docs.doc_end(b, min(k0 + 127, p.seq - 1)) + BQ - 1) / BQ : n_qt;
     // One flat loop over (query head of the group, query tile), in the order of Walk.
@@ -680,15 +685,26 @@ __global__ void __launch_bounds__(THREADS, 1)
             // deterministic backward relies on it too, with a per-tile semaphore and its own
             // block order. With this grid order, descending key tiles would deadlock: the first
             // blocks would wait for blocks that cannot start until they finish.)
+            // With documents a query tile's adders are the key tiles from the one holding its
+            // first row's first key to the diagonal (a key tile reaches the tile unless its last
+            // key's document ends before it, and then so do the tiles before it). Walking down
+            // from each document's end, a block would wait for the one before at every step, all
+            // of them starting together: the j-th tile of a document would idle j adds, more than
+            // a short document's blocks work. So the adds go by descending key tile (rank: the
+            // diagonal's key tile less this one), the grid starts from the last key tiles (a
+            // block waits only for blocks started before it, as above), and blocks walk up from
+            // their diagonal: a tile's adders reach it in the order they add, none waiting in
+            // the steady state.)
             int* counts = (int*)(p.dq_accum + dq_sum_floats(p.batch, p.n_heads, n_qt));
             uint32_t parity = 0;
-            Walk<FUSED_DQ> walk(first_qt, qt_end, p.group);
+            Walk<FUSED_DQ> walk(first_qt, qt_end, p.group, DOCS);
             for (int64_t step = 0; step < n_steps; step++, walk.next(), parity ^= 1) {
                 const int64_t tile = ((int64_t)b * p.n_heads + kvh * p.group + walk.head) * n_qt + walk.qt;
                 float* dst = p.dq_accum + tile * (BQ * HD);
                 int* count = counts + tile;
+                const int rank = (int)(DOCS ? walk.qt / 2 - k_tile : k_tile);  // walk.qt / 2: the diagonal's key tile
                 mbar_wait(dq_full(0), parity);
-                wait_count(count, (int)k_tile);
+                wait_count(count, rank);
                 bulk_reduce_add(dst, sdQ, DQ_ACC_TILE);
                 mbar_wait(dq_full(1), parity);
                 bulk_reduce_add(dst + BQ * 64, sdQ + DQ_ACC_TILE, DQ_ACC_TILE);
@@ -697,7 +713,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 bulk_wait_read<0>();
                 mbar_arrive(dq_empty(1));
                 bulk_wait_all();  // performed, not only read
-                release_count(count, (int)k_tile + 1);
+                release_count(count, rank + 1);
             }
         }
         if (threadIdx.x < 32) {
@@ -707,7 +723,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 tma_tile(sK, &map_k, kv_full, kvh, k0, b, 128);
                 tma_tile(sV, &map_v, kv_full, kvh, k0, b, 128);
             }
-            Walk<FUSED_DQ> walk(first_qt, qt_end, p.group);
+            Walk<FUSED_DQ> walk(first_qt, qt_end, p.group, FUSED_DQ && DOCS);
             for (int64_t step = 0; step < n_steps; step++, walk.next()) {
                 const int h = kvh * p.group + walk.head;
                 const int64_t head_row = ((int64_t)b * p.n_heads + h) * p.seq, qt = walk.qt;
@@ -747,7 +763,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // every step (a tile whose queries all precede this consumer's keys is masked to zero).
     const Turns turns(c, 2 * n_steps, !FUSED_DQ);
     Ring<BWD_STAGES> ring;
-    Walk<FUSED_DQ> walk(first_qt, qt_end, p.group);
+    Walk<FUSED_DQ> walk(first_qt, qt_end, p.group, FUSED_DQ && DOCS);
     // With documents, this thread's keys are seen by the queries before key_end[r] only (the end
     // of the key's document).
     int64_t key_end[2] = {p.seq, p.seq};
@@ -1175,8 +1191,6 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
         usage_error("attention_backward_hopper: needs delta given, head dim 128, sm_90, 16-byte aligned inputs");
     if (a.dq_accum && !hopper::fused_dq_aligned(a))
         usage_error("attention_backward_hopper: the fused backward needs 16-byte aligned dq and dq_accum, lddq % 8 == 0");
-    if (a.docs.start && a.dq_accum)
-        usage_error("attention_backward_hopper: packed documents take the lean backward (no dq_accum)");
     if (sh.seq == 0 || sh.batch == 0) return;
     using namespace hopper;
     BwdParams p{};
@@ -1198,7 +1212,8 @@ void attention_backward_hopper(const AttentionBackwardArgs& a, const AttentionSh
                 const int64_t n_qt = (sh.seq + BQ - 1) / BQ, sums = dq_sum_floats(sh.batch, sh.n_heads, n_qt);
                 CUDA_CHECK(cudaMemsetAsync(a.dq_accum + sums, 0xFF, sh.batch * sh.n_heads * n_qt * sizeof(int), s));
             }
-            launch(dkdv_kernel<true>, blocks, dkdv_smem<true>(), s, mq, mdo, mk, mv, p, AttentionDocs{});
+            if (a.docs.start) launch(dkdv_kernel<true, true>, blocks, dkdv_smem<true>(), s, mq, mdo, mk, mv, p, a.docs);
+            else launch(dkdv_kernel<true>, blocks, dkdv_smem<true>(), s, mq, mdo, mk, mv, p, a.docs);
         } else {
             if (a.docs.start) launch(dkdv_kernel<false, true>, blocks, dkdv_smem<false>(), s, mq, mdo, mk, mv, p, a.docs);
             else launch(dkdv_kernel<false>, blocks, dkdv_smem<false>(), s, mq, mdo, mk, mv, p, a.docs);
@@ -1248,8 +1263,8 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionShape& sh
         return attention_backward_reference(a, sh, s);
     AttentionBackwardArgs given = a;
     // For a fused backward the alignments of dq and dq_accum do not allow (never the model's
-    // buffers), and for packed documents, the deterministic kernels run instead.
-    if (a.dq_accum && (!hopper::fused_dq_aligned(a) || a.docs.start)) given.dq_accum = nullptr;
+    // buffers), the two-kernel backward runs instead.
+    if (a.dq_accum && !hopper::fused_dq_aligned(a)) given.dq_accum = nullptr;
     if (a.out) {  // delta = rowsum(dout * out) first (Ulysses computes it on the token side)
         attention_delta(a, sh, s);
         given.out = nullptr;

@@ -10,6 +10,11 @@ For a tied and an untied test model (GQA, llama3 RoPE scaling), from the reposit
   4. round trip: our --save-to of the untouched weights loads in transformers and gives the
      original model's logits on a prompt (exactly in fp32; within bf16 rounding in bf16), and
      loaded with the dtype its config.json names ("auto") each save comes back in the dtype saved.
+Then a packed-documents case on the tiny model: a version-2 token file of documents (one of a
+single token, boundaries on the 64- and 128-token tiles, one starting at SEQ), one step of
+./train --doc-mask, against transformers given the same documents: a block-diagonal causal 4D
+mask, RoPE positions restarting at each document, and each document's last target (the next
+one's first token) not scored; the loss and every gradient, with step 3's tolerances.
 Exits 0 when everything agrees, 1 otherwise; prints SKIPPED and exits 0 without a GPU, PyTorch
 or transformers.
 """
@@ -43,6 +48,11 @@ MODELS = {
                                           original_max_position_embeddings=64)),
 }
 SEQ, LR, WD, CLIP = 256, 1e-3, 0.1, 1.0
+# The packed case: its model, and its token file's document starts (SEQ + 1 tokens, all < SEQ + 1):
+# a 37-token document; documents ending on the 64- and 128-token tile boundaries; one of a single
+# token (100); and one starting at SEQ, past the window's tokens, whose first token is only the
+# window's last target (not scored).
+PACKED_MODEL, PACKED_STARTS = "tiny", [0, 37, 64, 100, 101, 128, 190, SEQ]
 
 
 def our_layout(c):
@@ -87,6 +97,16 @@ def write_tokens(path, ids):
         f.write(struct.pack(f"<{len(ids)}I", *ids))
 
 
+def write_documents(path, ids, starts):
+    """A version-2 token file (README): the header with the document count, the tokens as uint32,
+    then each document's start as uint64 (ascending, the first 0, each < the token count)."""
+    assert starts[0] == 0 and starts == sorted(set(starts)) and starts[-1] < len(ids)
+    with open(path, "wb") as f:
+        f.write(b"LLTOKENS" + struct.pack("<IIQQ", 2, 4, len(ids), len(starts)))
+        f.write(struct.pack(f"<{len(ids)}I", *ids))
+        f.write(struct.pack(f"<{len(starts)}Q", *starts))
+
+
 def run(cmd):
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
@@ -99,15 +119,84 @@ def cos(a, b):
     return float(torch.dot(a, b) / (a.norm() * b.norm() + 1e-30))
 
 
+def new_model(kw):
+    """The random LlamaForCausalLM of a test model (the same weights every call), fp32, on the GPU;
+    eager attention, which adds a 4D attention mask as given (the packed case's)."""
+    torch.manual_seed(1234)
+    cfg = LlamaConfig(**kw, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+                      hidden_act="silu", attention_bias=False, mlp_bias=False, initializer_range=0.05)
+    cfg._attn_implementation = "eager"
+    return cfg, LlamaForCausalLM(cfg).float().cuda()
+
+
+def packed_inputs(ids, starts):
+    """What ./train --doc-mask makes of the one window (offset 0) of a token file with these
+    document starts: for its SEQ tokens, the RoPE positions (index - its document's start) and
+    the additive 4D attention mask [1, 1, SEQ, SEQ] (0 where a query may see a key: earlier or the
+    same token of its own document; the dtype's min elsewhere); and the targets tokens[1:SEQ+1],
+    -100 (ignored) at each document's last token before a document that starts at 1 .. SEQ."""
+    index = torch.arange(SEQ)
+    inside = torch.tensor([s for s in starts if s < SEQ])  # the documents of the window's tokens
+    doc = torch.searchsorted(inside, index, right=True) - 1  # each token's document
+    positions = index - inside[doc]
+    allowed = (doc[:, None] == doc[None, :]) & (index[None, :] <= index[:, None])
+    mask = torch.zeros(SEQ, SEQ).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    y = torch.tensor(ids[1:SEQ + 1])
+    for s in starts:
+        if 0 < s <= SEQ:
+            y[s - 1] = -100
+    return positions[None].cuda(), mask[None, None].cuda(), y.cuda()
+
+
+def packed_case(rows):
+    """./train --doc-mask against transformers on packed documents: loss and every gradient.
+    Appends its lines to rows; returns whether everything agrees."""
+    name = PACKED_MODEL
+    cfg, model = new_model(MODELS[name])
+    tmp = tempfile.mkdtemp(prefix=f"hf_parity_packed_{name}_")
+    model.save_pretrained(f"{tmp}/hf", safe_serialization=True)
+    ids = torch.randint(0, cfg.vocab_size, (SEQ + 1,)).tolist()
+    write_documents(f"{tmp}/tokens.bin", ids, PACKED_STARTS)
+
+    # Ours: the unpacked case's step, with --doc-mask (the file holds one window: offset 0).
+    run(["./train", "--config", name, "--init-from", f"{tmp}/hf", "--data", f"{tmp}/tokens.bin",
+         "--seq-len", str(SEQ), "--steps", "1", "--lr", str(LR), "--warmup", "0", "--weight-decay", str(WD),
+         "--grad-clip", str(CLIP), "--dump", f"{tmp}/grads.bin", "--save-to", f"{tmp}/ours", "--save-dtype", "fp32",
+         "--doc-mask"])
+    our_loss, our_grads = read_dump(f"{tmp}/grads.bin")
+
+    # transformers, float32, given the documents: the mean loss over the scored targets.
+    positions, mask, y = packed_inputs(ids, PACKED_STARTS)
+    x = torch.tensor(ids[:SEQ], device="cuda")[None]
+    logits = model(x, attention_mask=mask, position_ids=positions, use_cache=False).logits[0].float()
+    loss = F.cross_entropy(logits, y, ignore_index=-100)
+    loss.backward()
+    grads = {k: v.grad.detach().clone() for k, v in model.named_parameters()}
+
+    loss_err = abs(our_loss - loss.item()) / loss.item()
+    ok = loss_err < 1e-2
+    n_docs, scored = sum(s < SEQ for s in PACKED_STARTS), int((y >= 0).sum())
+    rows.append(f"{name + ' packed':12} loss   ours {our_loss:.6f}  transformers {loss.item():.6f}  rel error "
+                f"{loss_err:.2e} ({n_docs} documents, {scored} of {SEQ} targets scored, --doc-mask)")
+    layout, total = our_layout(cfg)
+    assert total == our_grads.numel(), f"layout mismatch: {total} vs {our_grads.numel()}"
+    worst_cos = 1.0
+    for off, r, cols, pieces in layout:
+        ref = torch.cat([grads[p].flatten().cpu() for p, _ in pieces])
+        c = cos(our_grads[off:off + r * cols], ref)
+        worst_cos = min(worst_cos, c)
+        if c <= 0.99:
+            ok = False
+            rows.append(f"   packed gradient {pieces[0][0]}: cosine {c:.5f}")
+    rows.append(f"{name + ' packed':12} every gradient tensor: min cosine {worst_cos:.5f} (needs > 0.99)")
+    return ok
+
+
 def main():
     ok = True
     rows = []
     for name, kw in MODELS.items():
-        torch.manual_seed(1234)
-        cfg = LlamaConfig(**kw, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
-                          hidden_act="silu", attention_bias=False, mlp_bias=False, initializer_range=0.05)
-        cfg._attn_implementation = "eager"
-        model = LlamaForCausalLM(cfg).float().cuda()
+        cfg, model = new_model(kw)
         tmp = tempfile.mkdtemp(prefix=f"hf_parity_{name}_")
         model.save_pretrained(f"{tmp}/hf", safe_serialization=True)
         ids = torch.randint(0, cfg.vocab_size, (SEQ + 1,)).tolist()
@@ -181,6 +270,7 @@ def main():
         ok &= auto == {"rt32": torch.float32, "rt16": torch.bfloat16}
         rows.append(f"{name:12} loaded with the dtype config.json names: fp32 save {auto['rt32']}, "
                     f"bf16 save {auto['rt16']} (needs torch.float32, torch.bfloat16)")
+    ok &= packed_case(rows)
     print("\n".join(rows))
     print("PASSED" if ok else "FAILED")
     return 0 if ok else 1

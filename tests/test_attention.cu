@@ -194,12 +194,6 @@ std::vector<Case> both_kernels(std::vector<Case> shapes) {
     for (Case c : shapes) {
         c.reference = true, all.push_back(c);
         if (c.d != 128) continue;
-        if (c.docs) {  // the fast kernels' lean backward in both block orders (the fused one takes the lean for documents)
-            c.reference = false;
-            for (Case::Order order : {Case::tile_major, Case::kv_major}) c.order = order, all.push_back(c);
-            c.fused = true, c.order = Case::by_size, all.push_back(c);
-            continue;
-        }
         // The fast kernels, both backwards, each in both block orders.
         c.reference = false;
         for (bool fused : {false, true})
@@ -230,14 +224,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCases,
 // One sequence whose q, k, v are the first columns of a fused [S][ld] buffer: the forward, and
 // the backward's arguments (the fused backward's workspace left to the caller).
 AttentionBackwardArgs forward_one_sequence(const AttentionShape& sh, int64_t ld, bf16* qkv, bf16* out, bf16* dout,
-                                           bf16* dqkv, float* lse, float* delta) {
+                                           bf16* dqkv, float* lse, float* delta, AttentionDocs docs = {}) {
     const int64_t qd = (int64_t)sh.n_heads * sh.head_dim, kd = (int64_t)sh.n_kv_heads * sh.head_dim;
     const AttentionForwardArgs fa{.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .ldq = ld, .ldk = ld, .ldv = ld,
-                                  .out = out, .ldo = qd, .lse = lse};
+                                  .out = out, .ldo = qd, .lse = lse, .docs = docs};
     attention_forward(fa, sh, 0);
     return {.q = qkv, .k = qkv + qd, .v = qkv + qd + kd, .out = out, .dout = dout, .ldq = ld, .ldk = ld, .ldv = ld,
             .ldo = qd, .lddo = qd, .lse = lse, .dq = dqkv, .dk = dqkv + qd, .dv = dqkv + qd + kd, .lddq = ld,
-            .lddk = ld, .lddv = ld, .delta = delta};
+            .lddk = ld, .lddv = ld, .delta = delta, .docs = docs};
 }
 
 // Every backward is bit-reproducible: the same inputs give the same bits, run after run. The fused
@@ -248,15 +242,24 @@ AttentionBackwardArgs forward_one_sequence(const AttentionShape& sh, int64_t ld,
 // At 8K + 37 tokens (65 tiles) the blocks go tile by tile across the heads, at 16K + 37 (129
 // tiles) KV head by KV head: both orders over several waves.
 // Inputs drawn on the device.
-class AttentionRepeat : public ::testing::TestWithParam<std::tuple<bool, int64_t>> {};
+// With documents (of 1 to 4,096 tokens, drawn from the seed), a query tile's adds start at the
+// key tile of its first document start, not at 0.
+using RepeatCase = std::tuple<bool, int64_t, bool>;  // fused, tokens, documents
+class AttentionRepeat : public ::testing::TestWithParam<RepeatCase> {};
 
 TEST_P(AttentionRepeat, BackwardGivesTheSameBitsTwice) {
     REQUIRE_GPU();
-    const bool fused = std::get<0>(GetParam());
+    const bool fused = std::get<0>(GetParam()), with_docs = std::get<2>(GetParam());
     const int64_t S = std::get<1>(GetParam());
     if (fused && !hopper_gpu()) GTEST_SKIP() << "the fused backward needs the fast kernels (sm_90)";
     const uint64_t seed = fresh_seed();
-    SCOPED_TRACE(std::string(fused ? "fused" : "fast") + " S " + std::to_string(S) + " seed " + std::to_string(seed));
+    SCOPED_TRACE(std::string(fused ? "fused" : "fast") + " S " + std::to_string(S) + (with_docs ? " documents" : "") +
+                 " seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    std::vector<int64_t> starts = {0};
+    while (with_docs && starts.back() + 4096 < S) starts.push_back(starts.back() + 1 + (int64_t)(rng() % 4096));
+    DeviceBuffer<int64_t> doc_starts(starts.size());
+    CUDA_CHECK(cudaMemcpy(doc_starts.ptr, starts.data(), starts.size() * 8, cudaMemcpyHostToDevice));
     const int Hq = 24, Hkv = 8, d = 128;
     const int64_t qd = Hq * d, kd = Hkv * d, ld = qd + 2 * kd;
     DeviceBuffer<bf16> qkv(S * ld), out(S * qd), dout(S * qd), dqkv(S * ld);
@@ -267,7 +270,8 @@ TEST_P(AttentionRepeat, BackwardGivesTheSameBitsTwice) {
     convert_f32_to_bf16(dout, scratch, S * qd, 0);
     AttentionShape sh{1, S, Hq, Hkv, d};
     KernelChoice choice(false, sh);
-    AttentionBackwardArgs ba = forward_one_sequence(sh, ld, qkv, out, dout, dqkv, lse, delta);
+    const AttentionDocs docs = with_docs ? AttentionDocs{doc_starts.ptr, (int64_t)starts.size()} : AttentionDocs{};
+    AttentionBackwardArgs ba = forward_one_sequence(sh, ld, qkv, out, dout, dqkv, lse, delta, docs);
     DeviceBuffer<float> dq_accum(fused ? attention_dq_accum_floats(sh) : 0);
     if (fused) ba.dq_accum = dq_accum;
     std::vector<std::vector<bf16>> runs;
@@ -285,10 +289,11 @@ TEST_P(AttentionRepeat, BackwardGivesTheSameBitsTwice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AttentionRepeat,
-                         ::testing::Combine(::testing::Values(false, true), ::testing::Values((int64_t)8192 + 37, (int64_t)16384 + 37)),
-                         [](const ::testing::TestParamInfo<std::tuple<bool, int64_t>>& i) {
+                         ::testing::Combine(::testing::Values(false, true), ::testing::Values((int64_t)8192 + 37, (int64_t)16384 + 37),
+                                            ::testing::Values(false, true)),
+                         [](const ::testing::TestParamInfo<RepeatCase>& i) {
                              return std::string(std::get<0>(i.param) ? "fused_" : "fast_") +
-                                    std::to_string(std::get<1>(i.param));
+                                    std::to_string(std::get<1>(i.param)) + (std::get<2>(i.param) ? "_documents" : "");
                          });
 
 // The fused backward's ordered dQ adds wait on counts, relying on blocks starting in grid order

@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "../llama.h"
+#include "../infra/evaluate.h"
 #include "../infra/train.h"
 #include "test_util.h"
 
@@ -969,6 +970,121 @@ TEST(Binary, MemTraceFollowsTheStep) {
     EXPECT_GT(number(off[1 + L + 1], "host_gib"), 0.0);
     EXPECT_EQ(number(off.back(), "host_gib"), 0.0);
     EXPECT_DOUBLE_EQ(number(off[1], "other"), number(off[1 + L + 1], "other"));  // flat on the device
+}
+
+// ---------------------------------------------------------------------------------------------
+// Held-out evaluation (--eval-data, infra/evaluate.cpp).
+TEST(Evaluation, BucketsDoubleFromOneK) {
+    EXPECT_EQ(PositionLosses::bucket(1), 0);
+    EXPECT_EQ(PositionLosses::bucket(1024), 0);
+    EXPECT_EQ(PositionLosses::bucket(1025), 1);
+    EXPECT_EQ(PositionLosses::bucket(2048), 1);
+    EXPECT_EQ(PositionLosses::bucket(2049), 2);
+    EXPECT_EQ(PositionLosses::bucket((int64_t)3 << 20), 12);  // 2M-4M
+    EXPECT_EQ(PositionLosses::label(0), "1-1K");
+    EXPECT_EQ(PositionLosses::label(1), "1K-2K");
+    EXPECT_EQ(PositionLosses::label(6), "32K-64K");
+    EXPECT_EQ(PositionLosses::label(11), "1M-2M");
+    // Evenly spaced windows, the first at 0, the last ending at the file's end; a file of one
+    // window gives one.
+    EXPECT_EQ(eval_offsets(1000, 99, 4), (std::vector<uint64_t>{0, 300, 600, 900}));
+    EXPECT_EQ(eval_offsets(100, 99, 8), (std::vector<uint64_t>{0}));
+    EXPECT_EQ(fatal_code([] { parse({"--eval-every", "5"}); }), EXIT_USAGE);  // needs --eval-data
+    EXPECT_EQ(fatal_code([] { parse({"--eval-only"}); }), EXIT_USAGE);
+    EXPECT_EQ(fatal_code([] { parse({"--eval-data", "f", "--sim-world", "8"}); }), EXIT_USAGE);
+    EXPECT_EQ(parse({"--eval-data", "f"}).eval_windows, 8);
+}
+
+// A version-2 token file of `n` tokens (ids below 256) in documents of `doc` tokens.
+std::string write_documents_file(int64_t n, int64_t doc) {
+    const std::string path = "/tmp/test_eval_" + std::to_string(getpid()) + "_" + std::to_string(doc) + ".tok";
+    std::ofstream f(path, std::ios::binary);
+    const uint32_t version = 2, width = 4;
+    const uint64_t count = n, docs = (n + doc - 1) / doc;
+    f.write("LLTOKENS", 8), f.write((const char*)&version, 4), f.write((const char*)&width, 4);
+    f.write((const char*)&count, 8), f.write((const char*)&docs, 8);
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t t = (uint32_t)((i * 2654435761u) >> 7) % 256;
+        f.write((const char*)&t, 4);
+    }
+    for (uint64_t d = 0; d < docs; d++) {
+        const uint64_t start = d * doc;
+        f.write((const char*)&start, 8);
+    }
+    return path;
+}
+
+// The eval records of a log: the "positions" tokens and losses of the last one, and its loss.
+struct EvalRecord {
+    double loss = NAN;
+    std::vector<double> tokens, losses;
+    int records = 0;
+};
+EvalRecord read_eval(const std::string& log) {
+    EvalRecord e;
+    std::ifstream f(log);
+    for (std::string line; std::getline(f, line);) {
+        if (line.find("\"type\": \"eval\"") == std::string::npos) continue;
+        e.records++, e.tokens.clear(), e.losses.clear();
+        e.loss = std::atof(line.c_str() + line.find("\"loss\": ") + 8);
+        for (size_t p = line.find("\"label\""); p != std::string::npos; p = line.find("\"label\"", p + 1)) {
+            e.tokens.push_back(std::atof(line.c_str() + line.find("\"tokens\": ", p) + 10));
+            e.losses.push_back(std::atof(line.c_str() + line.find("\"loss\": ", p) + 8));
+        }
+    }
+    return e;
+}
+
+std::vector<std::string> step_lines(const std::string& log) {
+    std::vector<std::string> steps;
+    std::ifstream f(log);
+    for (std::string line; std::getline(f, line);)
+        if (line.find("\"type\": \"step\"") != std::string::npos) steps.push_back(line.substr(0, line.find("\"lr\"")));
+    return steps;
+}
+
+// One window of 4,096 tokens at offset 0 of a file of 1,000-token documents: positions 1-1K,
+// 1K-2K and 2K-4K hold 1,024, 1,024 and 2,048 targets. Under --doc-mask a document's last target
+// (the next one's first token) is not scored, and every position counts from its document's
+// start: all 4,092 in 1-1K. The same
+// numbers under every stage one GPU runs, bit for bit where the kernels are the same (stages 0,
+// 3, 4). Evaluating never changes training: the steps' losses with and without it are the same.
+TEST(Binary, EvaluationByPositionUnderEveryStage) {
+    if (!have_binary()) GTEST_SKIP() << "./train not built";
+    REQUIRE_GPU();
+    const std::string file = write_documents_file(6000, 1000), log = "/tmp/test_eval_" + std::to_string(getpid()) + ".jsonl";
+    const std::string base = "--config tiny-hd128 --seq-len 4096 --data " + file + " --eval-data " + file + " --log " + log;
+    auto eval = [&](const std::string& flags) {
+        Result r = run_train(base + " " + flags);
+        EXPECT_EQ(r.code, 0) << r.output;
+        EXPECT_NE(r.output.find("| by position:  1-1K "), std::string::npos) << r.output;
+        return read_eval(log);
+    };
+    EvalRecord plain = eval("--eval-only --eval-windows 1");
+    EXPECT_EQ(plain.records, 1);
+    EXPECT_EQ(plain.tokens, (std::vector<double>{1024, 1024, 2048}));
+    EvalRecord docs = eval("--eval-only --eval-windows 1 --doc-mask");
+    EXPECT_EQ(docs.tokens, (std::vector<double>{4092}));
+    for (const char* stage : {"--ckpt", "--ckpt --offload", "--stage 5", "--stage 6", "--stage 7"})
+        for (const char* mask : {"", " --doc-mask"}) {
+            SCOPED_TRACE(std::string(stage) + mask);
+            const EvalRecord& ref = *mask ? docs : plain;
+            EvalRecord e = eval(std::string("--eval-only --eval-windows 1 ") + stage + mask);
+            EXPECT_EQ(e.tokens, ref.tokens);
+            if (std::string(stage).find("--stage") == std::string::npos) {
+                EXPECT_EQ(e.losses, ref.losses);
+            }
+            for (size_t b = 0; b < e.losses.size() && b < ref.losses.size(); b++)
+                EXPECT_NEAR(e.losses[b], ref.losses[b], 1e-3 * ref.losses[b]);
+        }
+    Result without = run_train("--config tiny-hd128 --seq-len 4096 --data " + file + " --steps 4 --log " + log);
+    EXPECT_EQ(without.code, 0) << without.output;
+    const std::vector<std::string> steps = step_lines(log);
+    EvalRecord during = eval("--steps 4 --eval-every 2 --eval-windows 3");
+    EXPECT_EQ(during.records, 2);  // after step 2, and after the last
+    EXPECT_EQ(step_lines(log), steps);
+    EXPECT_EQ(steps.size(), 4u);
+    unlink(file.c_str()), unlink(log.c_str());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // order than the dQ kernel's).
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "../infra/train.h"
 #include "gpu_util.h"
@@ -16,12 +17,22 @@ struct StepResult {
     double loss;
     std::vector<double> grads;
     std::vector<double> curve;  // losses over a few optimizer steps
+    int64_t eval_differ = 0;    // with evaluate: per-token losses where the forward alone and the step differ
 };
 
+static std::vector<float> token_losses(const Model& m, cudaStream_t s) {
+    std::vector<float> l(m.shape.tokens());
+    CUDA_CHECK(cudaMemcpyAsync(l.data(), m.losses, l.size() * 4, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return l;
+}
+
 // One model with the given techniques: the loss and gradients of one step from fixed weights,
-// then a short training run.
+// then a short training run. With `evaluate`, before each step the forward alone
+// (model_forward_loss, as --eval-data runs it between steps) on the step's batch: its per-token
+// losses must be the step's, and the steps must go on as if it had not run.
 StepResult run_variant(const LlamaConfig& cfg, const StepOptions& opt, int B, int64_t S, uint64_t seed,
-                       int device_attention_layers = 0) {
+                       int device_attention_layers = 0, bool evaluate = false) {
     Model m;
     m.cfg = cfg;
     m.opt = opt;
@@ -44,7 +55,13 @@ StepResult run_variant(const LlamaConfig& cfg, const StepOptions& opt, int B, in
         data.next(tok.data(), tgt.data(), B, (int)S, opt.doc_mask ? &docs : nullptr);
         for (int64_t t = 0; t < B * S; t += 7) tgt[t] = -1;  // some ignored targets
         model_set_batch(m, tok.data(), tgt.data(), s, -1, opt.doc_mask ? &docs : nullptr);
+        std::vector<float> alone;
+        if (evaluate) model_forward_loss(m, s), alone = token_losses(m, s);
         model_forward_backward(m, s);
+        if (evaluate) {
+            const std::vector<float> in_step = token_losses(m, s);
+            for (size_t t = 0; t < alone.size(); t++) r.eval_differ += memcmp(&alone[t], &in_step[t], 4) != 0;
+        }
         float loss_sum;
         CUDA_CHECK(cudaMemcpyAsync(&loss_sum, m.scalars, 4, cudaMemcpyDeviceToHost, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
@@ -94,6 +111,7 @@ void techniques_against_the_plain_step(const std::string& config, bool documents
     StepResult plain = run_variant(cfg, base, B, S, seed);
     // fsdp on one GPU runs the whole shard / gather / reduce-scatter machinery with N = 1.
     const Variant variants[] = {
+        {"plain", false, false, false, false, false},  // with the forward alone before each step
         {"ckpt", true, false, false, false, false},
         {"ckpt=selective", true, true, false, false, false},
         {"ckpt offload", true, false, true, false, false},
@@ -125,7 +143,8 @@ void techniques_against_the_plain_step(const std::string& config, bool documents
         o.untied = v.untied, o.fused_attention = v.fused;
         o.one_offload_slot = o.grad_in_att_output = o.dq_sums_in_staging = v.savings;
         if (v.chunked) o.chunk_tokens = 48, o.loss_chunk_tokens = 40;
-        StepResult r = run_variant(cfg, o, B, S, seed);
+        StepResult r = run_variant(cfg, o, B, S, seed, 0, true);  // the forward alone before each step too
+        EXPECT_EQ(r.eval_differ, 0) << "per-token losses of the forward alone differ from the step's";
         double grad_err = rel_error(r.grads, plain.grads);
         double curve_err = 0;
         for (size_t i = 0; i < r.curve.size(); i++)

@@ -1,0 +1,61 @@
+// io/outputs.cpp - the files a run writes besides its log: --timeline, --mem-trace, --dump.
+#include <cstdio>
+
+#include "infra/memory.h"
+#include "infra/timeline.h"
+#include "infra/train.h"
+
+std::string technique_flags(const StepOptions& s) {
+    std::string flags;
+    if (s.fsdp) flags += " --fsdp";
+    if (s.ulysses) flags += " --ulysses";
+    if (s.ckpt) flags += s.selective ? " --ckpt=selective" : " --ckpt";
+    if (s.offload) flags += " --offload";
+    if (s.chunked) flags += " --chunked";
+    if (s.untied) flags += " --untied=" + std::to_string(s.untied);
+    if (s.vocab_pieces != 1) flags += s.vocab_pieces ? " --vocab-pieces=" + std::to_string(s.vocab_pieces) : " --vocab-pieces";
+    if (s.one_offload_slot) flags += " --one-offload-slot";
+    if (s.grad_in_att_output) flags += " --grad-in-att-output";
+    if (s.dq_sums_in_staging) flags += " --dq-sums-in-staging";
+    return flags.empty() ? "" : flags.substr(1);
+}
+
+void write_timeline(const std::string& path, const std::vector<TimelineEntry>& tl) {
+    FILE* f = open_output(path, "--timeline");
+    fprintf(f, "[\n");
+    for (size_t i = 0; i < tl.size(); i++)
+        fprintf(f,
+                "  {\"stream\": \"%s\", \"what\": \"%s\", \"layer\": %d, \"start_ms\": %.4f, \"end_ms\": %.4f, "
+                "\"bytes\": %lld}%s\n",
+                tl[i].stream.c_str(), tl[i].what.c_str(), tl[i].layer, tl[i].start_ms, tl[i].end_ms,
+                (long long)tl[i].bytes, i + 1 < tl.size() ? "," : "");
+    fprintf(f, "]\n");
+    fclose(f);
+}
+
+// --mem-trace: one JSON line for the run, then one per progress event of the last step.
+void write_mem_trace(const Options& o, const char* gpu, const Model& m, const Arena& arena, double driver_gib) {
+    FILE* f = open_output(o.mem_trace_path, "--mem-trace");
+    fprintf(f, "{\"type\": \"mem_trace_run\", \"command\": \"%s\", \"gpu\": \"%s\", \"config\": \"%s\", "
+               "\"layers\": %d, \"seq_len\": %lld, \"flags\": \"%s\"}\n",
+            json_escape(command_line(o)).c_str(), gpu, m.cfg.name.c_str(), m.cfg.n_layers, (long long)o.seq_len,
+            technique_flags(m.opt).c_str());
+    for (const MemTracePoint& p : model_memory_trace(m, arena)) {
+        fprintf(f, "{\"type\": \"mem_trace\", \"point\": \"%s\", \"layer\": %d, \"t_ms\": %.3f, \"live_gib\": {",
+                p.point.c_str(), p.layer, p.t_ms);
+        for (int c = 0; c < MEM_NUM_CATEGORIES; c++)
+            fprintf(f, "%s\"%s\": %.4f", c ? ", " : "", mem_category_name(c), p.live[c] / GiB);
+        fprintf(f, "}, \"host_gib\": %.4f, \"arena_gib\": %.4f, \"driver_gib\": %.4f}\n", p.host / GiB,
+                arena.total() / GiB, driver_gib);
+    }
+    fclose(f);
+}
+
+void write_dump(const std::string& path, double loss, const std::vector<float>& grads) {
+    FILE* f = open_output(path, "--dump");
+    const char magic[8] = {'L', 'L', 'G', 'R', 'A', 'D', '0', '1'};
+    int64_t n = (int64_t)grads.size();
+    bool ok = fwrite(magic, 8, 1, f) == 1 && fwrite(&loss, 8, 1, f) == 1 && fwrite(&n, 8, 1, f) == 1 &&
+              fwrite(grads.data(), 4, grads.size(), f) == grads.size();
+    if (fclose(f) != 0 || !ok) runtime_error("writing --dump file '" + path + "' failed");
+}
