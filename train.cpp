@@ -311,8 +311,8 @@ static void check_document_options(const Options& o) {
             usage_error("--doc-lengths MIN,MAX needs 2 <= MIN <= MAX, got " + std::to_string(o.doc_min) + "," +
                         std::to_string(o.doc_max));
     }
-    if (o.step.doc_mask && o.data_path.empty() && o.doc_min == 0)
-        usage_error("--doc-mask needs documents: a --data file, or --doc-lengths MIN,MAX");
+    if (o.step.doc_mask && o.data_path.empty() && o.doc_min == 0 && !(o.eval_only && !o.eval_path.empty()))
+        usage_error("--doc-mask needs documents: a --data file, --doc-lengths MIN,MAX, or --eval-only's --eval-data");
     if (o.step.doc_mask && o.ladder) usage_error("--ladder plans the talk's runs on one document a sequence: leave out --doc-mask");
     if ((o.eval_every || o.eval_only || o.eval_windows != 8) && o.eval_path.empty())
         usage_error("--eval-every, --eval-windows and --eval-only need --eval-data");

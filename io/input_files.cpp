@@ -395,6 +395,28 @@ void check_bool(const JsonValue& j, const char* key, bool want, const LlamaConfi
     }
 }
 
+// The model family: model_type "llama" and, where given, architectures ["LlamaForCausalLM"]
+// (the only family here). Another family's file with Llama's fields (Mistral's, say) would
+// otherwise load as if it were Llama: both must be present and name Llama, or each is named.
+void check_family(const JsonValue& j, const LlamaConfig& c, std::string& bad) {
+    const std::optional<JsonValue> type = j.get("model_type");
+    if (!type) bad += config_line("model_type", "missing", c, "\"llama\"");
+    else if (!type->is(JsonKind::String) || type->string() != "llama")
+        bad += config_line("model_type", json_shown(*type), c, "\"llama\"");
+    const std::optional<JsonValue> arch = j.get("architectures");
+    if (!arch || arch->is(JsonKind::Null)) return;
+    bool llama = arch->is(JsonKind::Array) && arch->size() > 0;
+    for (const JsonValue& a : arch->elements()) llama = llama && a.is(JsonKind::String) && a.string() == "LlamaForCausalLM";
+    if (llama) return;
+    std::string shown = json_shown(*arch);  // an array: its elements, as written
+    if (arch->is(JsonKind::Array)) {
+        shown = "[";
+        for (const JsonValue& a : arch->elements()) shown += (shown.size() > 1 ? ", " : "") + json_shown(a);
+        shown += "]";
+    }
+    bad += config_line("architectures", shown, c, "[\"LlamaForCausalLM\"]");
+}
+
 // The MLP's activation: SwiGLU's SiLU, which transformers calls "silu" (its default) or "swish".
 void check_activation(const JsonValue& j, const LlamaConfig& c, std::string& bad) {
     const std::optional<JsonValue> v = j.get("hidden_act");
@@ -516,6 +538,7 @@ void check_hf_config(const LlamaConfig& c, const std::string& text, const std::s
     const JsonValue j = doc.root();
     if (!j.is(JsonKind::Object)) usage_error(path + ": " + json_shown(j) + ", a JSON object expected");
     std::string bad;
+    check_family(j, c, bad);
     check_hf_shape(j, c, bad);
     check_float(j, "rms_norm_eps", 1e-6, c.norm_eps, c, bad);
     check_bool(j, "tie_word_embeddings", c.tied_embeddings, c, bad);

@@ -390,6 +390,27 @@ TEST(HfConfig, AModelWithoutScalingTakesNoneOrDefault) {
                    {"rope_parameters.rope_theta: checkpoint 10000,"});
 }
 
+// Another family's config.json with Llama's fields is refused, naming the checkpoint's family
+// and ours: Mistral's model_type, GPT-2's architectures, a file with no model_type.
+TEST(HfConfig, AnotherModelFamilyIsRefused) {
+    const LlamaConfig c = config_by_name("tiny");
+    const std::string rope = old_style(good_rope(c)), good = config_with(c, rope);
+    std::string msg;
+    EXPECT_EQ(check_code(c, good, &msg), -1) << msg;
+    auto with = [&](const std::string& from, const std::string& to) {
+        std::string t = good;
+        t.replace(t.find(from), from.size(), to);
+        return t;
+    };
+    expect_refused(c, with("\"model_type\": \"llama\"", "\"model_type\": \"mistral\""),
+                   {"model_type: checkpoint \"mistral\", --config tiny \"llama\""});
+    expect_refused(c, with("[\"LlamaForCausalLM\"]", "[\"GPT2LMHeadModel\"]"),
+                   {"architectures: checkpoint [\"GPT2LMHeadModel\"], --config tiny [\"LlamaForCausalLM\"]"});
+    expect_refused(c, with("[\"LlamaForCausalLM\"]", "[]"), {"architectures: checkpoint []"});
+    expect_refused(c, with("\"model_type\": \"llama\", ", ""), {"model_type: checkpoint missing, --config tiny \"llama\""});
+    EXPECT_EQ(check_code(c, with("\"architectures\": [\"LlamaForCausalLM\"], ", ""), &msg), -1) << msg;  // optional
+}
+
 // ---------------------------------------------------------------------------------------------
 TEST(TokenFiles, RoundTripAndErrors) {
     std::string dir = tmpdir("tok");

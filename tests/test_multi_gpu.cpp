@@ -186,6 +186,77 @@ TEST(MultiGpu, FusedAndLeanBackwardsMatchOneGpu) {
                             "--nproc 2 --ulysses --attention fast", "--nproc 2 --stage 6 --chunk-tokens 56 --attention fast"});
 }
 
+// Packed documents (--doc-mask) over two GPUs: under Ulysses every GPU holds the whole sequence's
+// documents for its heads; data parallel, each its own sequences' documents. The copy task in
+// documents of 20 to 90 tokens, against one GPU on the same data.
+TEST(MultiGpu, PackedDocumentsMatchOneGpu) {
+    REQUIRE_GPUS(2);
+    for (const char* cfg : {"tiny", "tiny-hd128"}) {
+        SCOPED_TRACE(cfg);
+        const std::string common = std::string("--config ") + cfg +
+                                   " --layers 3 --task copy --doc-lengths 20,90 --doc-mask --steps 3 --lr 2e-3 --seed 13 --seq-len 400";
+        expect_same_as_one_gpu(common + " --batch 1", "",
+                               {"--nproc 2 --ulysses", "--nproc 2 --ulysses --fsdp --ckpt --offload",
+                                "--nproc 2 --stage 6 --chunk-tokens 56", "--nproc 2 --stage 7 --ckpt=selective --chunk-tokens 56"});
+        expect_same_as_one_gpu(common, "--batch 2", {"--nproc 2 --batch 1", "--nproc 2 --batch 1 --fsdp --ckpt --offload"});
+    }
+}
+
+// A version-2 token file of n tokens (ids below 256) in documents of doc tokens.
+std::string write_documents_file(const std::string& path, int64_t n, int64_t doc) {
+    std::ofstream f(path, std::ios::binary);
+    const uint32_t version = 2, width = 4;
+    const uint64_t count = n, docs = (n + doc - 1) / doc;
+    f.write("LLTOKENS", 8), f.write((const char*)&version, 4), f.write((const char*)&width, 4);
+    f.write((const char*)&count, 8), f.write((const char*)&docs, 8);
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t t = (uint32_t)((i * 2654435761u) >> 7) % 256;
+        f.write((const char*)&t, 4);
+    }
+    for (uint64_t d = 0; d < docs; d++) {
+        const uint64_t start = d * doc;
+        f.write((const char*)&start, 8);
+    }
+    return path;
+}
+
+// The last eval record's losses by position, from a --log file.
+std::vector<double> eval_losses(const std::string& log) {
+    std::vector<double> losses;
+    std::ifstream f(log);
+    for (std::string line; std::getline(f, line);) {
+        if (line.find("\"type\": \"eval\"") == std::string::npos) continue;
+        losses.clear();
+        for (size_t p = line.find("\"label\""); p != std::string::npos; p = line.find("\"label\"", p + 1))
+            losses.push_back(std::atof(line.c_str() + line.find("\"loss\": ", p) + 8));
+    }
+    return losses;
+}
+
+// --eval-data gives the same numbers on every rank count: one GPU, two under Ulysses, two data
+// parallel (the windows split between them), with and without --doc-mask.
+TEST(MultiGpu, EvaluationIsTheSameOnEveryRankCount) {
+    REQUIRE_GPUS(2);
+    const std::string file = write_documents_file(tmp("eval.tok"), 5000, 700), log = tmp("eval.jsonl");
+    for (const char* mask : {"", " --doc-mask"}) {
+        SCOPED_TRACE(mask);
+        const std::string common = "--config tiny-hd128 --seq-len 1536 --eval-data " + file + " --eval-only --eval-windows 5" + mask;
+        Result one = sh("./train " + common + " --log " + log);
+        ASSERT_EQ(one.code, 0) << one.output;
+        const std::vector<double> ref = eval_losses(log);
+        ASSERT_EQ(ref.size(), *mask ? 1u : 2u);  // positions 1-1K and 1K-2K; under --doc-mask 1-1K only
+        for (const char* v : {" --nproc 2 --ulysses", " --nproc 2 --stage 6", " --nproc 2"}) {
+            SCOPED_TRACE(v);
+            Result r = sh("./train " + common + v + " --log " + log);
+            ASSERT_EQ(r.code, 0) << r.output;
+            const std::vector<double> got = eval_losses(log);
+            ASSERT_EQ(got.size(), ref.size());
+            for (size_t b = 0; b < got.size(); b++) EXPECT_NEAR(got[b], ref[b], 1e-3 * ref[b]);
+        }
+    }
+    unlink(file.c_str()), unlink(log.c_str());
+}
+
 // --sim-world 2 plans and allocates exactly what a real rank of two does.
 TEST(MultiGpu, SimWorldMemoryMatchesRealRank) {
     REQUIRE_GPUS(2);

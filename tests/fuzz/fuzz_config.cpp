@@ -1,5 +1,6 @@
 // tests/fuzz/fuzz_config.cpp - fuzz target: check_hf_config, the check of a config.json against
-// --config tiny. Oracle: a valid file is a JSON object in which every field the check relies on,
+// --config tiny. Oracle: a valid file is a JSON object of the Llama family (model_type "llama";
+// architectures, where given, LlamaForCausalLM) in which every field the check relies on,
 // where present, has transformers' type and our value, and where missing (or null, for the two
 // fields transformers derives), has transformers' default equal to ours; the RoPE settings, in
 // rope_theta, rope_scaling or rope_parameters, are ours wherever they are given, and each is
@@ -32,6 +33,19 @@ std::string shape(const OJson& j) {
     why += integer(j, "num_attention_heads", kTiny.n_heads, 32, false);
     why += integer(j, "num_key_value_heads", kTiny.n_kv_heads, kTiny.n_heads, true);
     return why + integer(j, "head_dim", kTiny.head_dim, kTiny.dim / kTiny.n_heads, true);
+}
+
+// The family: model_type "llama", and architectures (where given, not null) a non-empty array
+// of "LlamaForCausalLM" only.
+std::string family(const OJson& j) {
+    const OJson* type = j.get("model_type");
+    if (!type || type->kind != OJson::String || type->s != "llama") return "model_type not llama";
+    const OJson* arch = j.get("architectures");
+    if (!arch || arch->kind == OJson::Null) return "";
+    if (arch->kind != OJson::Array || arch->items.empty()) return "architectures not Llama's";
+    for (const OJson& a : arch->items)
+        if (a.kind != OJson::String || a.s != "LlamaForCausalLM") return "architectures not Llama's";
+    return "";
 }
 
 std::string flags(const OJson& j) {
@@ -95,7 +109,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool json = OracleJson::read(text, &j);
     const std::string why = !json                      ? "not JSON"
                             : j.kind != OJson::Object ? "not an object"
-                                                      : shape(j) + flags(j) + rope(j);
+                                                      : family(j) + shape(j) + flags(j) + rope(j);
     try {
         check_hf_config(kTiny, text, name);
     } catch (const Fatal& f) {
