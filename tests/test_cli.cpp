@@ -995,25 +995,6 @@ TEST(Evaluation, BucketsDoubleFromOneK) {
     EXPECT_EQ(parse({"--eval-data", "f"}).eval_windows, 8);
 }
 
-// A version-2 token file of `n` tokens (ids below 256) in documents of `doc` tokens.
-std::string write_documents_file(int64_t n, int64_t doc) {
-    const std::string path = "/tmp/test_eval_" + std::to_string(getpid()) + "_" + std::to_string(doc) + ".tok";
-    std::ofstream f(path, std::ios::binary);
-    const uint32_t version = 2, width = 4;
-    const uint64_t count = n, docs = (n + doc - 1) / doc;
-    f.write("LLTOKENS", 8), f.write((const char*)&version, 4), f.write((const char*)&width, 4);
-    f.write((const char*)&count, 8), f.write((const char*)&docs, 8);
-    for (int64_t i = 0; i < n; i++) {
-        const uint32_t t = (uint32_t)((i * 2654435761u) >> 7) % 256;
-        f.write((const char*)&t, 4);
-    }
-    for (uint64_t d = 0; d < docs; d++) {
-        const uint64_t start = d * doc;
-        f.write((const char*)&start, 8);
-    }
-    return path;
-}
-
 // The eval records of a log: the "positions" tokens and losses of the last one, and its loss.
 struct EvalRecord {
     double loss = NAN;
@@ -1052,7 +1033,8 @@ std::vector<std::string> step_lines(const std::string& log) {
 TEST(Binary, EvaluationByPositionUnderEveryStage) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     REQUIRE_GPU();
-    const std::string file = write_documents_file(6000, 1000), log = "/tmp/test_eval_" + std::to_string(getpid()) + ".jsonl";
+    const std::string file = write_documents_file("/tmp/test_eval_" + std::to_string(getpid()) + ".tok", 6000, 1000),
+                      log = "/tmp/test_eval_" + std::to_string(getpid()) + ".jsonl";
     const std::string base = "--config tiny-hd128 --seq-len 4096 --data " + file + " --eval-data " + file + " --log " + log;
     auto eval = [&](const std::string& flags) {
         Result r = run_train(base + " " + flags);

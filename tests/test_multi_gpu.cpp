@@ -202,24 +202,6 @@ TEST(MultiGpu, PackedDocumentsMatchOneGpu) {
     }
 }
 
-// A version-2 token file of n tokens (ids below 256) in documents of doc tokens.
-std::string write_documents_file(const std::string& path, int64_t n, int64_t doc) {
-    std::ofstream f(path, std::ios::binary);
-    const uint32_t version = 2, width = 4;
-    const uint64_t count = n, docs = (n + doc - 1) / doc;
-    f.write("LLTOKENS", 8), f.write((const char*)&version, 4), f.write((const char*)&width, 4);
-    f.write((const char*)&count, 8), f.write((const char*)&docs, 8);
-    for (int64_t i = 0; i < n; i++) {
-        const uint32_t t = (uint32_t)((i * 2654435761u) >> 7) % 256;
-        f.write((const char*)&t, 4);
-    }
-    for (uint64_t d = 0; d < docs; d++) {
-        const uint64_t start = d * doc;
-        f.write((const char*)&start, 8);
-    }
-    return path;
-}
-
 // The last eval record's losses by position, from a --log file.
 std::vector<double> eval_losses(const std::string& log) {
     std::vector<double> losses;

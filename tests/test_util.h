@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <random>
 #include <vector>
 
@@ -72,4 +73,22 @@ inline CommandResult run_command(const std::string& cmd) {
     while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
     int st = p ? pclose(p) : -1;
     return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// A version-2 token file of n tokens (ids below 256) in documents of doc tokens.
+inline std::string write_documents_file(const std::string& path, int64_t n, int64_t doc) {
+    std::ofstream f(path, std::ios::binary);
+    const uint32_t version = 2, width = 4;
+    const uint64_t count = n, docs = (n + doc - 1) / doc;
+    f.write("LLTOKENS", 8), f.write((const char*)&version, 4), f.write((const char*)&width, 4);
+    f.write((const char*)&count, 8), f.write((const char*)&docs, 8);
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t t = (uint32_t)((i * 2654435761u) >> 7) % 256;
+        f.write((const char*)&t, 4);
+    }
+    for (uint64_t d = 0; d < docs; d++) {
+        const uint64_t start = d * doc;
+        f.write((const char*)&start, 8);
+    }
+    return path;
 }
