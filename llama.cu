@@ -367,7 +367,7 @@ std::vector<int> model_unit_order(const Model& m) {
     for (int p = 0; p < lay.vocab_pieces(); p++) order.push_back(lay.embed_unit(p));  // the lookup
     for (int l = 0; l < L; l++) order.push_back(lay.layer_unit(l));
     order.push_back(lay.final_norm_unit());  // held through the head
-    if (lay.vocab_pieces() > 1) lm_head_pieces_order(m, order);  // beyond/savings.cu: two passes over the pieces
+    if (lay.vocab_pieces() > 1) lm_head_pieces_order(m, order);  // beyond/savings.cu: the pieces, once or twice
     else order.push_back(lay.head_unit(0));
     if (m.forward_only) return order;
     for (int l = L - 1; l >= 0; l--) order.push_back(lay.layer_unit(l));  // the backward's layers
@@ -396,15 +396,26 @@ static void head_loss(Model& m, cudaStream_t s) {
     fsdp_release(m, lay.final_norm_unit(), s);
 }
 
-// The last step's progress events stay as they are (--mem-trace reads them after the run).
+// Its progress events (the watchdog's, as a step's) are its own: the last step's stay as they
+// are, for --mem-trace.
+static void forward_progressed(Model& m, cudaStream_t s) {
+    if (m.forward_progress_recorded < (int)m.forward_progress.size())
+        CUDA_CHECK(cudaEventRecord(m.forward_progress[m.forward_progress_recorded++], s));
+}
+
 void model_forward_loss(Model& m, cudaStream_t s) {
     m.forward_only = true;  // FSDP's order of units: the forward's (model_unit_order)
+    m.forward_progress_recorded = 0;
     fsdp_step_begin(m, s);
     offload_step_begin(m, s);
     embedding_lookup(m, s);
     offload_save_block_input(m, 0, s);
-    for (int l = 0; l < m.cfg.n_layers; l++) forward_turn(m, l, s);
+    for (int l = 0; l < m.cfg.n_layers; l++) {
+        forward_turn(m, l, s);
+        forward_progressed(m, s);
+    }
     head_loss(m, s);
+    forward_progressed(m, s);
     fsdp_step_end(m, s);
     m.forward_only = false;
 }
@@ -650,6 +661,8 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     if (!m.comm_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
     m.progress.resize(2 * m.cfg.n_layers + 2);  // start, each forward, the head, each backward
     for (auto& e : m.progress) CUDA_CHECK(cudaEventCreate(&e));  // timed: --mem-trace reads them
+    m.forward_progress.resize(m.cfg.n_layers + 1);  // model_forward_loss: each layer, the head
+    for (auto& e : m.forward_progress) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CUDA_CHECK(cudaMallocHost(&m.host_scalars, 4 * sizeof(float)));
     fsdp_create(m);
 }
@@ -662,7 +675,8 @@ void model_free(Model& m, DeviceMemory& dm) {
     if (m.comm_stream) cudaStreamDestroy(m.comm_stream);
     m.comm_stream = nullptr;
     for (auto& e : m.progress) cudaEventDestroy(e);
-    m.progress.clear();
+    for (auto& e : m.forward_progress) cudaEventDestroy(e);
+    m.progress.clear(), m.forward_progress.clear();
     if (m.host_scalars) cudaFreeHost(m.host_scalars);
     m.host_scalars = nullptr;
     delete m.comm_fsdp;

@@ -168,6 +168,8 @@ struct Model {
     int64_t saved_per_layer[MEM_NUM_CATEGORIES] = {};  // one layer's kept activations (--mem-trace)
     int progress_recorded = 0;
     bool forward_only = false;  // within model_forward_loss: no backward follows the forward
+    std::vector<cudaEvent_t> forward_progress;  // model_forward_loss's events: each layer, the head
+    int forward_progress_recorded = 0;
     float* host_scalars = nullptr;
     // The techniques' own state and buffers; null when the technique is off.
     std::shared_ptr<Fsdp> fsdp;        // shards and gathered slots (fsdp.cu; also the replicated bookkeeping)

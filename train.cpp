@@ -252,7 +252,7 @@ static const std::vector<Flag> FLAGS = {
      [](Options& o, V f, V v) { o.eval_path = path(f, v); }},
     {"--eval-every", Takes::VALUE, " N", 6, "evaluate after every N steps too", [](Options& o, V f, V v) { o.eval_every = (int)parse_int(f, v, 1, 1 << 30); }},
     {"--eval-windows", Takes::VALUE, " K", 6, "windows of --seq-len tokens, evenly spaced over the file (default 8)",
-     [](Options& o, V f, V v) { o.eval_windows = (int)parse_int(f, v, 1, 1 << 20); }},
+     [](Options& o, V f, V v) { o.eval_windows = (int)parse_int(f, v, 1, 1 << 20), o.eval_windows_given = true; }},
     {"--eval-only", Takes::NOTHING, "", 6, "evaluate the weights (--init-from, else the seed's) and stop", [](Options& o, V, V) { o.eval_only = true; }},
     {"--state-dir", Takes::VALUE, " DIR", 6, "the whole training state goes here, atomically, every --state-every steps",
      [](Options& o, V f, V v) { o.state_dir = path(f, v); }},
@@ -314,8 +314,11 @@ static void check_document_options(const Options& o) {
     if (o.step.doc_mask && o.data_path.empty() && o.doc_min == 0 && !(o.eval_only && !o.eval_path.empty()))
         usage_error("--doc-mask needs documents: a --data file, --doc-lengths MIN,MAX, or --eval-only's --eval-data");
     if (o.step.doc_mask && o.ladder) usage_error("--ladder plans the talk's runs on one document a sequence: leave out --doc-mask");
-    if ((o.eval_every || o.eval_only || o.eval_windows != 8) && o.eval_path.empty())
+    if ((o.eval_every || o.eval_only || o.eval_windows_given) && o.eval_path.empty())
         usage_error("--eval-every, --eval-windows and --eval-only need --eval-data");
+    if (!o.eval_path.empty() && o.ladder) usage_error("--ladder runs its own steps: leave out --eval-data");
+    if (o.eval_only && (!o.dump_path.empty() || !o.timeline_path.empty() || !o.mem_trace_path.empty()))
+        usage_error("--dump, --timeline and --mem-trace record a training step: --eval-only takes none");
     if (!o.eval_path.empty() && o.sim_world > 1) usage_error("--sim-world's losses are meaningless: leave out --eval-data");
 }
 
@@ -759,7 +762,9 @@ static int print_plan(Run& r) {
     const Options& o = r.o;
     const double rt = runtime_estimate_gib(r.world);
     // auto: with a cap, what a run would choose (on an sm_90 GPU, where the fused backward runs).
-    if (o.attention == "auto" && r.cfg.head_dim == 128 && o.mem_cap_gib > 0) {
+    if (o.attention == "auto" && r.cfg.head_dim == 128 && o.step.doc_mask) {
+        if (r.lead) printf("attention auto: the lean backward (with --doc-mask as fast as the fused one, without its dQ sums)\n");
+    } else if (o.attention == "auto" && r.cfg.head_dim == 128 && o.mem_cap_gib > 0) {
         const bool fits = fused_backward_fits(r.m, (int64_t)(o.mem_cap_gib * GiB), (int64_t)(rt * GiB));
         const bool lean_fits = r.arena.total() / GiB + rt <= o.mem_cap_gib;
         if (fits) plan_fused_backward(r);

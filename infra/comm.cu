@@ -267,7 +267,7 @@ void comm_sync(Comm* comm, cudaStream_t s, double timeout_s) {
 
 void model_sync(Model& m, cudaStream_t s) {
     auto t0 = std::chrono::steady_clock::now();
-    int done = 0, spins = 0;
+    int done = 0, forward_done = 0, spins = 0;
     while (true) {
         cudaError_t e = cudaStreamQuery(s);
         if (e == cudaSuccess) return;
@@ -277,6 +277,12 @@ void model_sync(Model& m, cudaStream_t s) {
         // Progress: events complete in order; a newly completed one restarts the clock.
         while (done < m.progress_recorded && cudaEventQuery(m.progress[done]) == cudaSuccess) {
             done++;
+            t0 = std::chrono::steady_clock::now();
+        }
+        // The same for an evaluation's forward (model_forward_loss), whose events are its own.
+        while (forward_done < m.forward_progress_recorded &&
+               cudaEventQuery(m.forward_progress[forward_done]) == cudaSuccess) {
+            forward_done++;
             t0 = std::chrono::steady_clock::now();
         }
         if (seconds_since(t0) > m.comm_timeout_s) {

@@ -42,11 +42,13 @@ double PositionLosses::mean() const {
 }
 
 // How many tokens the prediction at flat token g of the forward's sequences sees: its position
-// in the window plus one, or with documents, in its document from the document's start.
+// in the window plus one; with documents, in its document from the document's start, or from the
+// window's start where the window cut into the document (attention does not reach the tokens
+// before the window, although RoPE's positions count them).
 static int64_t context_of(int64_t g, int64_t seq, const StepDocuments* docs) {
     if (!docs) return g % seq + 1;
     const int64_t d = std::upper_bound(docs->start.begin(), docs->start.end(), g) - docs->start.begin() - 1;
-    return docs->first_position[d] + (g - docs->start[d]) + 1;
+    return g - docs->start[d] + 1;
 }
 
 // The windows of forward i, padding repeats the first window, with nothing scored.

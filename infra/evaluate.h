@@ -17,8 +17,8 @@ std::vector<uint64_t> eval_offsets(uint64_t file_tokens, int64_t seq, int count)
 
 // Per-token losses summed by position: a prediction that sees c tokens (its own and those before
 // it that attention reaches: the window's, or under --doc-mask its document's from the
-// document's start) falls in bucket 0 for c in 1..1K, then in buckets that double: 1K-2K,
-// 2K-4K, ...
+// document's start or, where the window cut into the document, from the window's) falls in
+// bucket 0 for c in 1..1K, then in buckets that double: 1K-2K, 2K-4K, ...
 struct PositionLosses {
     static constexpr int BUCKETS = 40;
     double sum[BUCKETS] = {};

@@ -56,6 +56,7 @@ struct Options {
     std::string eval_path;      // --eval-data: a held-out token file (infra/evaluate.cpp)
     int eval_every = 0;         // --eval-every: evaluate after every N steps (and after the last)
     int eval_windows = 8;       // --eval-windows: the fixed windows of every evaluation
+    bool eval_windows_given = false;
     bool eval_only = false;     // --eval-only: evaluate the weights (--init-from) and stop
     std::vector<std::string> argv;  // the command line, for logs
 };

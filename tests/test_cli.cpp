@@ -992,6 +992,9 @@ TEST(Evaluation, BucketsDoubleFromOneK) {
     EXPECT_EQ(fatal_code([] { parse({"--eval-every", "5"}); }), EXIT_USAGE);  // needs --eval-data
     EXPECT_EQ(fatal_code([] { parse({"--eval-only"}); }), EXIT_USAGE);
     EXPECT_EQ(fatal_code([] { parse({"--eval-data", "f", "--sim-world", "8"}); }), EXIT_USAGE);
+    EXPECT_EQ(fatal_code([] { parse({"--eval-windows", "8"}); }), EXIT_USAGE);  // the default, given: still needs --eval-data
+    EXPECT_EQ(fatal_code([] { parse({"--eval-data", "f", "--ladder"}); }), EXIT_USAGE);
+    EXPECT_EQ(fatal_code([] { parse({"--eval-data", "f", "--eval-only", "--dump", "d"}); }), EXIT_USAGE);
     EXPECT_EQ(parse({"--eval-data", "f"}).eval_windows, 8);
 }
 
@@ -1059,6 +1062,13 @@ TEST(Binary, EvaluationByPositionUnderEveryStage) {
             for (size_t b = 0; b < e.losses.size() && b < ref.losses.size(); b++)
                 EXPECT_NEAR(e.losses[b], ref.losses[b], 1e-3 * ref.losses[b]);
         }
+    // Windows that cut into documents: 3,000-token documents, windows at 0 and 7,903. Positions
+    // count from the part of the document the window holds (the tokens before it are not seen).
+    const std::string cut = write_documents_file("/tmp/test_eval_cut_" + std::to_string(getpid()) + ".tok", 12000, 3000);
+    Result r = run_train("--config tiny-hd128 --seq-len 4096 --eval-data " + cut + " --eval-only --eval-windows 2 --doc-mask --log " + log);
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(read_eval(log).tokens, (std::vector<double>{4096, 2192, 1902}));
+    unlink(cut.c_str());
     Result without = run_train("--config tiny-hd128 --seq-len 4096 --data " + file + " --steps 4 --log " + log);
     EXPECT_EQ(without.code, 0) << without.output;
     const std::vector<std::string> steps = step_lines(log);
