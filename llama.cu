@@ -237,8 +237,9 @@ ParamKind lm_head_kind(const Model& m) { return m.cfg.tied_embeddings ? P_EMBED 
 
 // The LM head in one unit, one pass per loss chunk (chunked.cu): the logits of a chunk are
 // computed, turned into their gradient in place by the loss kernel, and used at once, so [T, V]
-// logits never exist beyond one chunk. Leaves d loss / d x_final in m.dres.
-static void lm_head_whole(Model& m, cudaStream_t s) {
+// logits never exist beyond one chunk. Leaves d loss / d x_final in m.dres; without `backward`,
+// the per-token losses alone.
+static void lm_head_whole(Model& m, bool backward, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     const int64_t D = c.dim, V = c.vocab;
     const bf16* W = m.w_piece(lm_head_kind(m), 0);
@@ -246,7 +247,9 @@ static void lm_head_whole(Model& m, cudaStream_t s) {
     for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
         final_norm_forward(m, t0, n, s);
         linear_forward(m.logits, m.xnf, W, nullptr, n, D, V, s);
-        cross_entropy_forward_backward(m.logits, m.losses + t0, m.targets + t0, n, (int)V, loss_grad_scale(m), s);
+        cross_entropy_forward_backward(m.logits, m.losses + t0, m.targets + t0, n, (int)V,
+                                       backward ? loss_grad_scale(m) : 0.0f, s);
+        if (!backward) return;  // the loss alone (model_forward_loss)
         linear_backward_input(m.dxn, m.logits, W, n, D, V, s);  // logits now hold dlogits
         linear_backward_weight(dW, m.logits, m.xnf, n, D, V, s);
         final_norm_backward(m, t0, n, m.dxn, s);
@@ -266,7 +269,7 @@ static void head_forward_backward(Model& m, cudaStream_t s) {
         const int u = lay.head_unit(0);
         fsdp_acquire(m, u, s);
         fsdp_grad_begin(m, u, s);
-        lm_head_whole(m, s);
+        lm_head_whole(m, true, s);
         fsdp_grad_end(m, u, !m.cfg.tied_embeddings, s);  // tied: the lookup adds the rest at the end
         fsdp_release(m, u, s);
     }
@@ -386,11 +389,7 @@ static void head_loss(Model& m, cudaStream_t s) {
     } else {
         const int u = lay.head_unit(0);
         fsdp_acquire(m, u, s);
-        for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
-            final_norm_forward(m, t0, n, s);
-            linear_forward(m.logits, m.xnf, m.w_piece(lm_head_kind(m), 0), nullptr, n, m.cfg.dim, m.cfg.vocab, s);
-            cross_entropy_forward_backward(m.logits, m.losses + t0, m.targets + t0, n, (int)m.cfg.vocab, 0.0f, s);
-        });
+        lm_head_whole(m, false, s);
         fsdp_release(m, u, s);
     }
     fsdp_release(m, lay.final_norm_unit(), s);

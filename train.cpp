@@ -302,7 +302,7 @@ static const Flag& find_flag(const std::string& name, const char* as_typed) {
 }
 
 // What the flags imply and what they cannot be given with; a usage error names the conflict.
-static void check_document_options(const Options& o) {
+static void check_data_options(const Options& o) {
     if (o.doc_min > 0) {
         if (!o.data_path.empty()) usage_error("--doc-lengths makes synthetic documents: --data brings its own");
         if (o.task != "copy" && o.task != "induction")
@@ -347,7 +347,7 @@ static void check_options(Options& o) {
     if ((o.step.chunk_tokens || o.step.loss_chunk_tokens) && !o.step.chunked)
         usage_error("--chunk-tokens and --loss-chunk-tokens need --chunked");
     if (!o.mem_trace_path.empty() && o.steps < 1) usage_error("--mem-trace traces a step: it needs --steps 1 or more");
-    check_document_options(o);
+    check_data_options(o);
 }
 
 Options parse_options(int argc, char** argv) {
