@@ -8,6 +8,7 @@
 //   for each layer l:
 //     xn1, rstd1 = rmsnorm(x)                           rstd fp32 [T]
 //     qkv = xn1 @ Wqkv^T ; rope(q, k)                   [T, (Hq + 2 Hkv) d]
+//       (Qwen3: q, k = rmsnorm per head before RoPE)
 //     att, lse = flash_attention(q, k, v)               [T, Hq d], lse fp32 [B, Hq, S]
 //     x_mid = x + att @ Wo^T                            (one GEMM with the residual as C)
 //     xn2, rstd2 = rmsnorm(x_mid)
@@ -81,7 +82,8 @@ void attention_block_forward(Model& m, int l, cudaStream_t s) {
     layer_attention_forward(m, l, fa, attention_call_shape(m), s);
 }
 
-// xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; RoPE on q and k (positions of this GPU's tokens).
+// xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; (Qwen3: q and k normalized per head); RoPE on q and k
+// (positions of this GPU's tokens).
 void qkv_forward(Model& m, int l, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     const int64_t QKV = c.qkv_dim();
@@ -89,6 +91,10 @@ void qkv_forward(Model& m, int l, cudaStream_t s) {
         bf16* qkv = at(qkv_of_tokens(m, l), t0, QKV);
         attention_norm_forward(m, l, t0, t1, s);
         linear_forward(qkv, m.layers[l].xn1, m.w(P_WQKV, l), nullptr, t1 - t0, c.dim, QKV, s);
+        if (c.qk_norm()) {
+            head_norm_forward(m, P_Q_NORM, l, qkv, QKV, c.n_heads, t1 - t0, s);
+            head_norm_forward(m, P_K_NORM, l, qkv + c.q_dim(), QKV, c.n_kv_heads, t1 - t0, s);
+        }
         rope_apply(qkv, t1 - t0, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim,
                    QKV, m.inv_freq, false, s, step_doc_positions(m));
     });
@@ -98,6 +104,16 @@ void attention_norm_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
     rmsnorm_forward(a.xn1, a.rstd1, at(a.x_in, t0, c.dim), m.w(P_ATTN_NORM, l), t1 - t0, c.dim, c.norm_eps, s);
+}
+
+void head_norm_forward(Model& m, ParamKind which, int l, bf16* x, int64_t ld, int heads, int64_t n, cudaStream_t s) {
+    head_rmsnorm_forward(x, ld, m.w(which, l), n, heads, m.cfg.head_dim, m.cfg.norm_eps, s);
+}
+
+void head_norm_backward(Model& m, ParamKind which, int l, bf16* dx, int64_t ld, const bf16* raw, int64_t ld_raw,
+                        int heads, int64_t n, cudaStream_t s) {
+    head_rmsnorm_backward(dx, ld, raw, ld_raw, m.w(which, l), m.g(which, l), n, heads, m.cfg.head_dim, m.cfg.norm_eps,
+                          m.norm_partial, s);
 }
 
 // The rest of the block after attention, chunk by chunk: x_out from x_in and att.
@@ -186,6 +202,16 @@ static void block_output_backward(Model& m, int l, cudaStream_t s) {
     for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { mlp_backward(m, l, t0, t1, s); });
 }
 
+// Qwen3: d q|k of n tokens (rows ld apart) back through the per-head norms, in place. The values
+// before the norms are not kept: they are projected again from the normalized input xn.
+static void qk_norm_backward(Model& m, int l, bf16* dqk, int64_t ld, const bf16* xn, int64_t n, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t QK = c.q_dim() + c.kv_dim();  // Wqkv's first rows: q, then k
+    linear_forward(m.qk_raw, xn, m.w(P_WQKV, l), nullptr, n, c.dim, QK, s);
+    head_norm_backward(m, P_Q_NORM, l, dqk, ld, m.qk_raw, QK, c.n_heads, n, s);
+    head_norm_backward(m, P_K_NORM, l, dqk + c.q_dim(), ld, m.qk_raw + c.q_dim(), QK, c.n_kv_heads, n, s);
+}
+
 // Backward of qkv_forward for tokens [t0, t1): d qkv (RoPE undone) -> dWqkv, and d x_in added to dres.
 static void qkv_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
@@ -195,6 +221,7 @@ static void qkv_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s
     rope_apply(dqkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
                m.inv_freq, true, s, step_doc_positions(m));
     recompute_attention_norm(m, l, t0, t1, s);  // offload.cu (checkpointing): xn1, if it was not kept
+    if (c.qk_norm()) qk_norm_backward(m, l, dqkv, QKV, a.xn1, n, s);
     linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), n, c.dim, QKV, s);
     linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, n, c.dim, QKV, s);
     rmsnorm_backward(at(m.dres, t0, c.dim), m.g(P_ATTN_NORM, l), m.dxn, at(a.x_in, t0, c.dim),
@@ -597,7 +624,9 @@ static void declare_chunk_work_and_inputs(Model& m, Arena& A) {
     m.dxn = A.take<bf16>("d norm output", MEM_OTHER, std::max(C, m.plan.loss_rows) * c.dim);
     m.dh13 = A.take<bf16>("d h13", MEM_OTHER, C * 2 * F);
     m.dact = A.take<bf16>("d act", MEM_OTHER, C * F);
-    m.norm_partial = A.take<float>("rmsnorm dw partials", MEM_WORKSPACE, rmsnorm_partial_floats(c.dim));
+    m.norm_partial = A.take<float>("rmsnorm dw partials", MEM_WORKSPACE, rmsnorm_partial_floats(std::max(c.dim, c.head_dim)));
+    if (c.qk_norm())  // Qwen3: q|k before their norms, projected again for the norms' backward
+        m.qk_raw = A.take<bf16>("q|k before their norms (Qwen3)", MEM_OTHER, C * (c.q_dim() + c.kv_dim()));
     m.reduce_scratch = A.take<float>("reduction scratch", MEM_WORKSPACE, sum_scratch_floats());
     m.scalars = A.take<float>("step scalars", MEM_WORKSPACE, 4);
 

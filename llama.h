@@ -193,6 +193,7 @@ struct Model {
     float* delta = nullptr;       // [B, Hq, S] rowsum(d out * out) (Ulysses: this GPU's heads)
     float* dq_accum = nullptr;    // --attention fused: the fp32 dQ sums of one attention call
     bf16 *dxn = nullptr, *dh13 = nullptr, *dact = nullptr;
+    bf16* qk_raw = nullptr;       // Qwen3: q|k of one token chunk before their norms, projected again [C, (Hq+Hkv) d]
     float *norm_partial = nullptr, *reduce_scratch = nullptr;
     float *scalars = nullptr;     // [0] loss sum, [1] grad sum of squares, [2] clip scale
     // Inputs
@@ -289,6 +290,12 @@ int64_t layer_lse_floats(const Model& m);
 void attention_block_forward(Model& m, int l, cudaStream_t s);  // att, lse from x_in
 void qkv_forward(Model& m, int l, cudaStream_t s);              // xn1, q|k|v, RoPE: every chunk
 void attention_norm_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);    // xn1 = norm(x_in)
+// Qwen3 (cfg.qk_norm()): layer l's per-head RMSNorm of q (P_Q_NORM) or k (P_K_NORM), in place on
+// `heads` heads of each of n rows `ld` apart; its backward, in place on their gradient, from the
+// values before the norm (rows ld_raw apart).
+void head_norm_forward(Model& m, ParamKind which, int l, bf16* x, int64_t ld, int heads, int64_t n, cudaStream_t s);
+void head_norm_backward(Model& m, ParamKind which, int l, bf16* dx, int64_t ld, const bf16* raw, int64_t ld_raw,
+                        int heads, int64_t n, cudaStream_t s);
 void attention_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // x_mid = x_in + att Wo^T
 void mlp_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);         // xn2, h13, act
 void block_output_forward(Model& m, int l, cudaStream_t s);     // x_out from x_in and att: every chunk

@@ -381,7 +381,8 @@ void for_each_normalized_chunk(Model& m, int l, F f, cudaStream_t s) {
 }
 
 // q of chunk i for every destination (and k | v of its KV heads when the chunk starts a new KV
-// group), projected straight into the send blocks, RoPE'd; then to head-sharded.
+// group), projected straight into the send blocks, normalized per head (Qwen3), RoPE'd; then to
+// head-sharded.
 void untied_project(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     const int64_t w = p.K * p.d, kvw = p.kv * p.d;
@@ -401,11 +402,17 @@ void untied_project(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
         }
     }, s);
     for (int j = 0; j < p.sp; j++) {
-        rope_apply(p.send + (int64_t)j * p.T * w, p.T, 0, m.shape.seq, m.shape.first_position(), p.K,
-                   (int)p.d, w, m.inv_freq, false, s, step_doc_positions(m));
+        bf16* q = p.send + (int64_t)j * p.T * w;
+        bf16* k = p.kv_send + (int64_t)j * p.T * 2 * kvw;
+        if (c.qk_norm()) {  // Qwen3: q and k normalized per head before RoPE
+            head_norm_forward(m, P_Q_NORM, l, q, w, p.K, p.T, s);
+            if (kv) head_norm_forward(m, P_K_NORM, l, k, 2 * kvw, p.kv, p.T, s);
+        }
+        rope_apply(q, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, false, s,
+                   step_doc_positions(m));
         if (kv)
-            rope_apply(p.kv_send + (int64_t)j * p.T * 2 * kvw, p.T, 0, m.shape.seq, m.shape.first_position(),
-                       p.kv, (int)p.d, 2 * kvw, m.inv_freq, false, s, step_doc_positions(m));
+            rope_apply(k, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, false,
+                       s, step_doc_positions(m));
     }
     chunk_all_to_all(m, p, l, p.heads_q, p.send, p.T * w, DType::BF16, s);
     if (kv) chunk_all_to_all(m, p, l, p.heads_kv, p.kv_send, p.T * 2 * kvw, DType::BF16, s);
@@ -542,8 +549,27 @@ void chunk_attention_backward(Model& m, const Untied& p, int l, int i, cudaStrea
     layer_attention_backward(m, l, ba, chunk_shape(p), s);
 }
 
+// Qwen3: chunk i's dq (and with a complete KV group dk), RoPE undone, back through the per-head
+// norms, in place. The values before the norms are projected again, token chunk by token chunk,
+// into the step's qk_raw.
+void chunk_qk_norm_backward(Model& m, const Untied& p, int l, int i, bool kv_done, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t w = p.K * p.d, kvw = p.kv * p.d;
+    const bf16* Wqkv = m.w(P_WQKV, l);
+    for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
+        for (int j = 0; j < p.sp; j++) {
+            linear_forward(m.qk_raw, xn, Wqkv + q_row(c, p.q_first(j, i)) * p.D, nullptr, n, p.D, w, s);
+            head_norm_backward(m, P_Q_NORM, l, p.receive + ((int64_t)j * p.T + t0) * w, w, m.qk_raw, w, p.K, n, s);
+            if (!kv_done) continue;
+            linear_forward(m.qk_raw, xn, Wqkv + k_row(c, p.kv_first(j, i)) * p.D, nullptr, n, p.D, kvw, s);
+            head_norm_backward(m, P_K_NORM, l, p.kv_send + ((int64_t)j * p.T + t0) * 2 * kvw, 2 * kvw, m.qk_raw, kvw,
+                               p.kv, n, s);
+        }
+    }, s);
+}
+
 // dq of chunk i back to token-sharded, RoPE undone; with a complete KV group, dk | dv too
-// (replicated heads add up). Then dxn1 += d q|k|v Wqkv, and the weight gradients token chunk by
+// (replicated heads add up); Qwen3's norms undone. Then dxn1 += d q|k|v Wqkv, and the weight gradients token chunk by
 // token chunk against the normalized input, recomputed. `written`: dxn1 holds a sum already.
 void chunk_input_gradients(Model& m, const Untied& p, int l, int i, bf16* dxn1, bool& written, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
@@ -558,15 +584,18 @@ void chunk_input_gradients(Model& m, const Untied& p, int l, int i, bf16* dxn1, 
     chunk_all_to_all(m, p, l, p.receive, p.heads_dq, p.T * w, DType::BF16, s);
     if (kv_done) chunk_all_to_all(m, p, l, p.kv_send, p.heads_dkv, p.T * 2 * kvw, DType::BF16, s);
     for (int j = 0; j < p.sp; j++) {
-        bf16* dq = p.receive + (int64_t)j * p.T * w;
-        rope_apply(dq, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, true, s,
-                   step_doc_positions(m));
-        add_dxn1(dq, w, Wqkv + q_row(c, p.q_first(j, i)) * p.D, w);
+        rope_apply(p.receive + (int64_t)j * p.T * w, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w,
+                   m.inv_freq, true, s, step_doc_positions(m));
+        if (kv_done)
+            rope_apply(p.kv_send + (int64_t)j * p.T * 2 * kvw, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv,
+                       (int)p.d, 2 * kvw, m.inv_freq, true, s, step_doc_positions(m));
+    }
+    if (c.qk_norm()) chunk_qk_norm_backward(m, p, l, i, kv_done, s);  // Qwen3: through the per-head norms
+    for (int j = 0; j < p.sp; j++) {
+        add_dxn1(p.receive + (int64_t)j * p.T * w, w, Wqkv + q_row(c, p.q_first(j, i)) * p.D, w);
         if (!kv_done) continue;
         bf16* dkv = p.kv_send + (int64_t)j * p.T * 2 * kvw;
         const int g = p.kv_first(j, i);
-        rope_apply(dkv, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, true, s,
-                   step_doc_positions(m));
         add_dxn1(dkv, 2 * kvw, Wqkv + k_row(c, g) * p.D, kvw);
         add_dxn1(dkv + kvw, 2 * kvw, Wqkv + v_row(c, g) * p.D, kvw);
     }

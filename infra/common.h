@@ -1,7 +1,7 @@
 // infra/common.h - what every file of the project shares.
 //
 //   * exit codes and the error type that carries them to main()
-//   * the model configurations (Llama 3.2 3B, Llama 3.1 8B, small test models)
+//   * the model configurations (Llama 3.2 3B, Llama 3.1 8B, Qwen3-32B, small test models)
 //   * the flat parameter layout: every weight of the model lives at a fixed offset of one
 //     flat array, grouped in "units" (the embedding, each transformer layer, the head).
 //     A unit is what FSDP later shards and gathers as one buffer.
@@ -49,8 +49,16 @@ struct RopeScaling {
     double original_max_pos = 8192;
 };
 
+// The model family. Qwen3 is Llama's layer with one change: q and k are normalized per head
+// (RMSNorm over each head's d values, a gain of d per layer for q and one for k) before RoPE.
+enum class Family { LLAMA, QWEN3 };
+// Hugging Face's names of each family (config.json's model_type and architectures).
+inline const char* family_model_type(Family f) { return f == Family::QWEN3 ? "qwen3" : "llama"; }
+inline const char* family_architecture(Family f) { return f == Family::QWEN3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"; }
+
 struct LlamaConfig {
     std::string name;
+    Family family = Family::LLAMA;
     int dim = 0;          // hidden size D
     int n_layers = 0;     // L
     int n_heads = 0;      // query heads Hq
@@ -63,6 +71,7 @@ struct LlamaConfig {
     RopeScaling rope_scaling;
     bool tied_embeddings = false;  // LM head reuses the token embedding
 
+    bool qk_norm() const { return family == Family::QWEN3; }  // per-head RMSNorm of q and k before RoPE
     int64_t q_dim() const { return (int64_t)n_heads * head_dim; }
     int64_t kv_dim() const { return (int64_t)n_kv_heads * head_dim; }
     // The fused QKV projection writes, per token, [q heads | k heads | v heads].
@@ -119,6 +128,19 @@ inline std::vector<LlamaConfig> known_configs() {
     // make data builds it from Debian's linux-source.
     c.name = "mini-bytes"; c.vocab = 384;
     all.push_back(c);
+    // Qwen3-32B, the Untied Ulysses paper's 32B model (its HF config.json): query heads x head dim
+    // (8192) wider than the hidden size (5120), RoPE theta 1e6 without scaling, eps 1e-6.
+    c = LlamaConfig();
+    c.name = "qwen3-32b"; c.family = Family::QWEN3; c.dim = 5120; c.n_layers = 64; c.n_heads = 64;
+    c.n_kv_heads = 8; c.head_dim = 128; c.ffn_dim = 25600; c.vocab = 151936; c.tied_embeddings = false;
+    c.norm_eps = 1e-6; c.rope_theta = 1e6;
+    all.push_back(c);
+    // Its test model: head dim 128 (the fast kernels on Hopper), q_dim 512 against a hidden size of 128.
+    c = LlamaConfig();
+    c.name = "tiny-qwen3"; c.family = Family::QWEN3; c.dim = 128; c.n_layers = 2; c.n_heads = 4;
+    c.n_kv_heads = 2; c.head_dim = 128; c.ffn_dim = 256; c.vocab = 384; c.tied_embeddings = false;
+    c.norm_eps = 1e-6; c.rope_theta = 1e6;
+    all.push_back(c);
     return all;
 }
 
@@ -138,7 +160,8 @@ inline LlamaConfig config_by_name(const std::string& name) {
 // Flat parameter layout, and its units (what FSDP shards, gathers and reduces one at a time).
 //
 // tensors, in order: embed [V, D]; per layer l: attn_norm [D], wqkv [Hq*d + 2*Hkv*d, D],
-//   wo [D, Hq*d], mlp_norm [D], w13 [2F, D] (rows 0..F-1 gate, F..2F-1 up), w2 [D, F];
+//   (Qwen3: q_norm [d], k_norm [d]), wo [D, Hq*d], mlp_norm [D], w13 [2F, D] (rows 0..F-1 gate,
+//   F..2F-1 up), w2 [D, F];
 //   final_norm [D]; lm_head [V, D] (only when embeddings are not tied)
 // units, in order (k vocabulary pieces):
 //   0 .. k-1           the embedding, in k pieces of vocabulary rows (k = 1: the whole table)
@@ -152,7 +175,7 @@ inline LlamaConfig config_by_name(const std::string& name) {
 //
 // Matrices are [out_features, in_features] row-major, as in PyTorch/HF. Each tensor starts at a
 // multiple of PARAM_ALIGN elements so every pointer handed to cuBLAS is 256-byte aligned in bf16.
-enum ParamKind { P_EMBED, P_ATTN_NORM, P_WQKV, P_WO, P_MLP_NORM, P_W13, P_W2, P_FINAL_NORM, P_LM_HEAD };
+enum ParamKind { P_EMBED, P_ATTN_NORM, P_WQKV, P_WO, P_MLP_NORM, P_W13, P_W2, P_FINAL_NORM, P_LM_HEAD, P_Q_NORM, P_K_NORM };
 constexpr int64_t PARAM_ALIGN = 128;
 constexpr int64_t PIECE_ROWS = 128;
 
@@ -166,7 +189,7 @@ struct ParamTensor {
     int64_t numel() const { return rows * cols; }
 };
 
-constexpr int NUM_PARAM_KINDS = 9;
+constexpr int NUM_PARAM_KINDS = 11;
 
 struct ParamLayout {
     std::vector<ParamTensor> tensors;
@@ -198,8 +221,8 @@ inline int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 // Elements of one transformer layer's unit.
 inline int64_t layer_params(const LlamaConfig& c) {
     auto a = [](int64_t n) { return align_up(n, PARAM_ALIGN); };
-    return 2 * a(c.dim) + a(c.qkv_dim() * c.dim) + a(c.dim * c.q_dim()) + a(2LL * c.ffn_dim * c.dim) +
-           a((int64_t)c.dim * c.ffn_dim);
+    return 2 * a(c.dim) + a(c.qkv_dim() * c.dim) + (c.qk_norm() ? 2 * a(c.head_dim) : 0) + a(c.dim * c.q_dim()) +
+           a(2LL * c.ffn_dim * c.dim) + a((int64_t)c.dim * c.ffn_dim);
 }
 
 // Vocabulary pieces: `pieces`, or (0) as few as keep a piece of V x D within about a layer's size
@@ -242,6 +265,7 @@ inline ParamLayout param_layout(const LlamaConfig& c, int vocab_pieces = 1) {
         const int u = begin_unit(off);
         add(P_ATTN_NORM, l, u, 1, c.dim, false);
         add(P_WQKV, l, u, c.qkv_dim(), c.dim, true);
+        if (c.qk_norm()) add(P_Q_NORM, l, u, 1, c.head_dim, false), add(P_K_NORM, l, u, 1, c.head_dim, false);
         add(P_WO, l, u, c.dim, c.q_dim(), true);
         add(P_MLP_NORM, l, u, 1, c.dim, false);
         add(P_W13, l, u, 2 * (int64_t)c.ffn_dim, c.dim, true);
@@ -282,6 +306,8 @@ inline const char* param_kind_name(ParamKind k) {
         case P_W2: return "w2";
         case P_FINAL_NORM: return "final_norm";
         case P_LM_HEAD: return "lm_head";
+        case P_Q_NORM: return "q_norm";
+        case P_K_NORM: return "k_norm";
     }
     return "?";
 }

@@ -159,6 +159,9 @@ static int print_ladder(const Options& o) {
     if (cfg.name == "llama3.1-8b")
         printf("the Untied Ulysses paper, Llama3-8B at 3M tokens on 8 x H100: 64.6 GiB per GPU with the ALST stack "
                "(stage 5), 51.1 with UPipe (stage 6)\n");
+    if (cfg.name == "qwen3-32b")
+        printf("the Untied Ulysses paper, Qwen3-32B on 16 x H100 (two nodes, Ulysses 8 x ring 2): Ulysses out of memory "
+               "at 3M, UPipe's longest 4M (out of memory at 5M)\n");
     return EXIT_OK;
 }
 

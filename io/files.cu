@@ -4,7 +4,7 @@
 // Hugging Face. LlamaForCausalLM names its tensors model.embed_tokens.weight,
 // model.layers.{i}.input_layernorm.weight, ...self_attn.{q,k,v,o}_proj.weight,
 // ...post_attention_layernorm.weight, ...mlp.{gate,up,down}_proj.weight, model.norm.weight and
-// lm_head.weight (absent when tied), each [out, in] row-major; its RoPE is the rotate-half
+// lm_head.weight (absent when tied); Qwen3ForCausalLM the same, and ...self_attn.{q,k}_norm.weight, each [out, in] row-major; its RoPE is the rotate-half
 // layout ours uses, so no permutation is needed. Our fused wqkv is q, k, v stacked by rows and
 // w13 is gate then up, so each of our tensors is one or more row ranges of HF tensors. A load
 // reads only the pieces of this GPU's shards straight from the memory-mapped files (a GPU never
@@ -164,6 +164,8 @@ std::vector<HfPiece> hf_pieces(const LlamaConfig& c, const ParamTensor& t) {
         case P_W2: return {{L + "mlp.down_proj.weight", 0, t.rows}};
         case P_FINAL_NORM: return {{"model.norm.weight", 0, 1}};
         case P_LM_HEAD: return {{"lm_head.weight", 0, t.rows}};
+        case P_Q_NORM: return {{L + "self_attn.q_norm.weight", 0, 1}};
+        case P_K_NORM: return {{L + "self_attn.k_norm.weight", 0, 1}};
     }
     return {};
 }
@@ -190,8 +192,8 @@ std::string hf_config_json(const LlamaConfig& c, bool bf16) {
     char buf[2048];
     snprintf(buf, sizeof buf,
              "{\n"
-             "  \"architectures\": [\"LlamaForCausalLM\"],\n"
-             "  \"model_type\": \"llama\",\n"
+             "  \"architectures\": [\"%s\"],\n"
+             "  \"model_type\": \"%s\",\n"
              "  \"hidden_size\": %d,\n"
              "  \"intermediate_size\": %d,\n"
              "  \"num_hidden_layers\": %d,\n"
@@ -210,7 +212,8 @@ std::string hf_config_json(const LlamaConfig& c, bool bf16) {
              "  \"torch_dtype\": \"%s\",\n"
              "  \"dtype\": \"%s\"\n"
              "}\n",
-             c.dim, c.ffn_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab, c.norm_eps, c.rope_theta,
+             family_architecture(c.family), family_model_type(c.family), c.dim, c.ffn_dim, c.n_layers, c.n_heads,
+             c.n_kv_heads, c.head_dim, c.vocab, c.norm_eps, c.rope_theta,
              c.rope_scaling.enabled
                  ? ("{\"rope_type\": \"llama3\", \"factor\": " + std::to_string(c.rope_scaling.factor) +
                     ", \"low_freq_factor\": " + std::to_string(c.rope_scaling.low_freq_factor) +

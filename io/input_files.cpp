@@ -357,16 +357,17 @@ std::optional<int64_t> check_int(const JsonValue& j, const char* key, std::optio
 
 // The model's shape. transformers' LlamaConfig defaults: vocabulary 32000, hidden size 4096,
 // intermediate size 11008, 32 layers, 32 heads; key/value heads as many as heads; head_dim
-// hidden size // heads.
+// hidden size // heads. Its Qwen3Config: vocabulary 151936, intermediate size 22016, head_dim 128.
 void check_hf_shape(const JsonValue& j, const LlamaConfig& c, std::string& bad) {
-    check_int(j, "vocab_size", 32000, false, c.vocab, c, bad);
+    const bool qwen3 = c.family == Family::QWEN3;
+    check_int(j, "vocab_size", qwen3 ? 151936 : 32000, false, c.vocab, c, bad);
     const auto dim = check_int(j, "hidden_size", 4096, false, c.dim, c, bad);
-    check_int(j, "intermediate_size", 11008, false, c.ffn_dim, c, bad);
+    check_int(j, "intermediate_size", qwen3 ? 22016 : 11008, false, c.ffn_dim, c, bad);
     check_int(j, "num_hidden_layers", 32, false, c.n_layers, c, bad);
     const auto heads = check_int(j, "num_attention_heads", 32, false, c.n_heads, c, bad);
     check_int(j, "num_key_value_heads", heads, true, c.n_kv_heads, c, bad);
-    std::optional<int64_t> head_dim;
-    if (dim && heads && *dim >= 0 && *heads > 0) head_dim = *dim / *heads;
+    std::optional<int64_t> head_dim = qwen3 ? std::optional<int64_t>(128) : std::nullopt;
+    if (!qwen3 && dim && heads && *dim >= 0 && *heads > 0) head_dim = *dim / *heads;
     check_int(j, "head_dim", head_dim, true, c.head_dim, c, bad);
 }
 
@@ -395,26 +396,28 @@ void check_bool(const JsonValue& j, const char* key, bool want, const LlamaConfi
     }
 }
 
-// The model family: model_type "llama" and, where given, architectures ["LlamaForCausalLM"]
-// (the only family here). Another family's file with Llama's fields (Mistral's, say) would
-// otherwise load as if it were Llama: both must be present and name Llama, or each is named.
+// The model family: model_type "llama" and, where given, architectures ["LlamaForCausalLM"]; or
+// for Qwen3 "qwen3" and ["Qwen3ForCausalLM"]. Another family's file with the same fields
+// (Mistral's, say) would otherwise load as if it were ours: both must be present and name the
+// config's family, or each is named.
 void check_family(const JsonValue& j, const LlamaConfig& c, std::string& bad) {
+    const std::string type_want = family_model_type(c.family), arch_want = family_architecture(c.family);
     const std::optional<JsonValue> type = j.get("model_type");
-    if (!type) bad += config_line("model_type", "missing", c, "\"llama\"");
-    else if (!type->is(JsonKind::String) || type->string() != "llama")
-        bad += config_line("model_type", json_shown(*type), c, "\"llama\"");
+    if (!type) bad += config_line("model_type", "missing", c, "\"" + type_want + "\"");
+    else if (!type->is(JsonKind::String) || type->string() != type_want)
+        bad += config_line("model_type", json_shown(*type), c, "\"" + type_want + "\"");
     const std::optional<JsonValue> arch = j.get("architectures");
     if (!arch || arch->is(JsonKind::Null)) return;
-    bool llama = arch->is(JsonKind::Array) && arch->size() > 0;
-    for (const JsonValue& a : arch->elements()) llama = llama && a.is(JsonKind::String) && a.string() == "LlamaForCausalLM";
-    if (llama) return;
+    bool ours = arch->is(JsonKind::Array) && arch->size() > 0;
+    for (const JsonValue& a : arch->elements()) ours = ours && a.is(JsonKind::String) && a.string() == arch_want;
+    if (ours) return;
     std::string shown = json_shown(*arch);  // an array: its elements, as written
     if (arch->is(JsonKind::Array)) {
         shown = "[";
         for (const JsonValue& a : arch->elements()) shown += (shown.size() > 1 ? ", " : "") + json_shown(a);
         shown += "]";
     }
-    bad += config_line("architectures", shown, c, "[\"LlamaForCausalLM\"]");
+    bad += config_line("architectures", shown, c, "[\"" + arch_want + "\"]");
 }
 
 // The MLP's activation: SwiGLU's SiLU, which transformers calls "silu" (its default) or "swish".
@@ -544,6 +547,7 @@ void check_hf_config(const LlamaConfig& c, const std::string& text, const std::s
     check_bool(j, "tie_word_embeddings", c.tied_embeddings, c, bad);
     check_bool(j, "attention_bias", false, c, bad);  // we have no biases
     check_bool(j, "mlp_bias", false, c, bad);
+    check_bool(j, "use_sliding_window", false, c, bad);  // Qwen3's option: attention over a window only
     check_activation(j, c, bad);
     check_hf_rope(j, c, bad);
     if (!bad.empty()) usage_error(path + " does not match --config " + c.name + " (with --layers):\n" + bad);

@@ -213,6 +213,86 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
 }
 
 // =============================================================================================
+// RMSNorm of each head (Qwen3's q_norm, k_norm): the same formulas over each head's d values,
+// with one gain w [d] shared by the heads. One warp per (row, head); lane i holds the values
+// 2i, 2i + 1 of every 64 (at most 8 values: d <= 256).
+constexpr int HEAD_NORM_MAX = 8;
+
+__device__ inline int head_norm_load(const bf16* p, int d, int lane, float v[HEAD_NORM_MAX]) {
+    int n = 0;
+    for (int c = 2 * lane; c < d; c += 2 * WARP, n += 2) {
+        const float2 f = __bfloat1622float2(*(const __nv_bfloat162*)(p + c));
+        v[n] = f.x, v[n + 1] = f.y;
+    }
+    return n;
+}
+
+__global__ void head_rmsnorm_forward_kernel(bf16* x, int64_t ld, const bf16* w, int64_t n_rows, int heads, int d,
+                                            float eps) {
+    const int64_t pair = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (pair >= n_rows * heads) return;
+    bf16* p = x + (pair / heads) * ld + (pair % heads) * d;
+    float v[HEAD_NORM_MAX], wf[HEAD_NORM_MAX], ss = 0.f;
+    const int n = head_norm_load(p, d, lane, v);
+    head_norm_load(w, d, lane, wf);
+    for (int i = 0; i < n; i++) ss += v[i] * v[i];
+    const float r = rsqrtf(warp_sum(ss) / d + eps);
+    for (int i = 0, c = 2 * lane; i < n; i += 2, c += 2 * WARP)
+        *(__nv_bfloat162*)(p + c) = __floats2bfloat162_rn(v[i] * r * wf[i], v[i + 1] * r * wf[i + 1]);
+}
+
+void head_rmsnorm_forward(bf16* x, int64_t ld, const bf16* w, int64_t n_rows, int heads, int d, float eps,
+                          cudaStream_t s) {
+    if (d % 64 || d > 32 * HEAD_NORM_MAX) runtime_error("head_rmsnorm: head dim must be a multiple of 64, at most 256");
+    head_rmsnorm_forward_kernel<<<grid_for(n_rows * heads, 8), 8 * WARP, 0, s>>>(x, ld, w, n_rows, heads, d, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dx_j = r w_j dy_j - r^3 / d * x_j * sum_i(w_i dy_i x_i), dw_j += dy_j x_j r (r recomputed from x).
+// Deterministic: NORM_CHUNKS blocks each take a fixed range of (row, head) pairs, its warps the
+// pairs in turn; each block sums its warps' dw in a fixed order into its partial row, and
+// sum_chunks_kernel adds the rows in order. dx goes over dy in place (read first).
+__global__ void head_rmsnorm_backward_kernel(bf16* dy, int64_t ld, const bf16* x, int64_t ldx, const bf16* w,
+                                             float* partial, int64_t n_rows, int heads, int d, float eps) {
+    __shared__ float warp_dw[8][32 * HEAD_NORM_MAX];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
+    const int64_t pairs = n_rows * heads, per_chunk = (pairs + gridDim.x - 1) / gridDim.x;
+    const int64_t p0 = blockIdx.x * per_chunk, p1 = min(pairs, p0 + per_chunk);
+    float wf[HEAD_NORM_MAX], acc[HEAD_NORM_MAX] = {};
+    const int n = head_norm_load(w, d, lane, wf);
+    for (int64_t pair = p0 + warp; pair < p1; pair += warps) {
+        const int64_t row = pair / heads, h = pair % heads;
+        bf16* g = dy + row * ld + h * d;
+        float xv[HEAD_NORM_MAX], gv[HEAD_NORM_MAX], ss = 0.f, dot = 0.f;
+        head_norm_load(x + row * ldx + h * d, d, lane, xv);
+        head_norm_load(g, d, lane, gv);
+        for (int i = 0; i < n; i++) ss += xv[i] * xv[i], dot += wf[i] * gv[i] * xv[i];
+        const float r = rsqrtf(warp_sum(ss) / d + eps), k = r * r * r * warp_sum(dot) / d;
+        for (int i = 0; i < n; i++) acc[i] += gv[i] * xv[i] * r;
+        for (int i = 0, c = 2 * lane; i < n; i += 2, c += 2 * WARP)
+            *(__nv_bfloat162*)(g + c) =
+                __floats2bfloat162_rn(r * wf[i] * gv[i] - k * xv[i], r * wf[i + 1] * gv[i + 1] - k * xv[i + 1]);
+    }
+    for (int i = 0, c = 2 * lane; i < n; i += 2, c += 2 * WARP) warp_dw[warp][c] = acc[i], warp_dw[warp][c + 1] = acc[i + 1];
+    __syncthreads();
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float sum = 0.f;
+        for (int k = 0; k < warps; k++) sum += warp_dw[k][c];
+        partial[(int64_t)blockIdx.x * d + c] = sum;
+    }
+}
+
+void head_rmsnorm_backward(bf16* dy, int64_t ld, const bf16* x, int64_t ldx, const bf16* w, float* dw,
+                           int64_t n_rows, int heads, int d, float eps, float* partial, cudaStream_t s) {
+    if (d % 64 || d > 32 * HEAD_NORM_MAX) runtime_error("head_rmsnorm: head dim must be a multiple of 64, at most 256");
+    head_rmsnorm_backward_kernel<<<NORM_CHUNKS, 8 * WARP, 0, s>>>(dy, ld, x, ldx, w, partial, n_rows, heads, d, eps);
+    CUDA_CHECK_LAUNCH();
+    sum_chunks_kernel<<<grid_for(d, 256), 256, 0, s>>>(dw, partial, NORM_CHUNKS, d);
+    CUDA_CHECK_LAUNCH();
+}
+
+// =============================================================================================
 // RoPE, HF rotate-half layout: for i < d/2, (x_i, x_{i+d/2}) rotated by pos * inv_freq_i.
 // The angle is formed in float64 and reduced modulo 2 pi before the float sine and cosine:
 // at position 5M a float angle would be off by a whole radian.

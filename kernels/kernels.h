@@ -57,6 +57,15 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dy, const bf16* x, const 
                       const float* rstd, int64_t T, int D, bool accumulate_dx, float* partial,
                       cudaStream_t s);
 int64_t rmsnorm_partial_floats(int D);
+// RMSNorm of each head (Qwen3's q_norm and k_norm): in each of n_rows rows (`ld` elements apart),
+// `heads` heads of d values (d a multiple of 64, at most 256), each normalized over its d values
+// and scaled by w [d], in place. The backward overwrites dy (rows `ld` apart) with dx, from the
+// values before the norm x (rows `ldx` apart), and adds dw (fp32); `partial` is scratch of
+// rmsnorm_partial_floats(d) floats.
+void head_rmsnorm_forward(bf16* x, int64_t ld, const bf16* w, int64_t n_rows, int heads, int d, float eps,
+                          cudaStream_t s);
+void head_rmsnorm_backward(bf16* dy, int64_t ld, const bf16* x, int64_t ldx, const bf16* w, float* dw,
+                           int64_t n_rows, int heads, int d, float eps, float* partial, cudaStream_t s);
 
 // Packed documents' RoPE positions (--doc-mask): the ascending starts of the step's documents in
 // its flat [batch][seq] tokens, and the position of each one's first token (0, or where the

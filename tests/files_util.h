@@ -133,6 +133,8 @@ inline std::vector<std::pair<std::string, StSpec>> correct_entries(const LlamaCo
         add(L + "self_attn.q_proj.weight", {c.q_dim(), c.dim});
         add(L + "self_attn.k_proj.weight", {c.kv_dim(), c.dim});
         add(L + "self_attn.v_proj.weight", {c.kv_dim(), c.dim});
+        if (c.family == Family::QWEN3)
+            add(L + "self_attn.q_norm.weight", {c.head_dim}), add(L + "self_attn.k_norm.weight", {c.head_dim});
         add(L + "self_attn.o_proj.weight", {c.dim, c.q_dim()});
         add(L + "post_attention_layernorm.weight", {c.dim});
         add(L + "mlp.gate_proj.weight", {c.ffn_dim, c.dim});

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Parity with Hugging Face transformers (LlamaForCausalLM), the most used Llama there is.
+"""Parity with Hugging Face transformers (LlamaForCausalLM, the most used Llama there is, and
+Qwen3ForCausalLM).
 
-For a tied and an untied test model (GQA, llama3 RoPE scaling), from the repository root:
-  1. build a random LlamaForCausalLM, save it (safetensors), write S + 1 tokens as a token file;
+For a tied and an untied Llama test model (GQA, llama3 RoPE scaling) and a Qwen3 one (per-head
+norms of q and k, query heads x head dim wider than the hidden size), from the repository root:
+  1. build a random model of its family, save it (safetensors), write S + 1 tokens as a token file;
   2. run ./train from that checkpoint on those tokens for one step: --dump gives our loss and
      every gradient (bf16 compute), --save-to our weights after one AdamW step (fp32);
   3. compute the same in PyTorch in float32: loss, gradients, one AdamW step with the same
@@ -28,7 +30,7 @@ import tempfile
 try:
     import torch
     import torch.nn.functional as F
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 except ImportError as e:
     print(f"SKIPPED: needs torch and transformers ({e})")
     sys.exit(0)
@@ -46,7 +48,16 @@ MODELS = {
                         intermediate_size=320, vocab_size=384, tie_word_embeddings=False,
                         rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                           original_max_position_embeddings=64)),
+    "tiny-qwen3": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                       intermediate_size=256, vocab_size=384, tie_word_embeddings=False),
 }
+# Each model's family: its transformers classes, and what its config adds (eps, RoPE theta).
+FAMILY = {"tiny-qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(rms_norm_eps=1e-6, rope_theta=1e6))}
+LLAMA = (LlamaConfig, LlamaForCausalLM, dict(rms_norm_eps=1e-5, rope_theta=500000.0, mlp_bias=False))
+
+
+def model_class(name):
+    return FAMILY.get(name, LLAMA)[1]
 SEQ, LR, WD, CLIP = 256, 1e-3, 0.1, 1.0
 # The packed case: its model, and its token file's document starts (SEQ + 1 tokens, all < SEQ + 1):
 # a 37-token document; documents ending on the 64- and 128-token tile boundaries; one of a single
@@ -56,7 +67,8 @@ PACKED_MODEL, PACKED_STARTS = "tiny", [0, 37, 64, 100, 101, 128, 190, SEQ]
 
 
 def our_layout(c):
-    """Offsets of our flat parameter array (infra/common.h param_layout) and the HF pieces of each tensor."""
+    """Offsets of our flat parameter array (infra/common.h param_layout) and the HF pieces of each tensor:
+    Qwen3's q_norm and k_norm after the fused q|k|v."""
     D, F_, V, qd, kvd = c.hidden_size, c.intermediate_size, c.vocab_size, c.num_attention_heads * c.head_dim, \
         c.num_key_value_heads * c.head_dim
     off, out = 0, []
@@ -72,6 +84,9 @@ def our_layout(c):
         add([(p + "input_layernorm.weight", 0)], 1, D)
         add([(p + "self_attn.q_proj.weight", 0), (p + "self_attn.k_proj.weight", qd),
              (p + "self_attn.v_proj.weight", qd + kvd)], qd + 2 * kvd, D)
+        if c.model_type == "qwen3":
+            add([(p + "self_attn.q_norm.weight", 0)], 1, c.head_dim)
+            add([(p + "self_attn.k_norm.weight", 0)], 1, c.head_dim)
         add([(p + "self_attn.o_proj.weight", 0)], D, qd)
         add([(p + "post_attention_layernorm.weight", 0)], 1, D)
         add([(p + "mlp.gate_proj.weight", 0), (p + "mlp.up_proj.weight", F_)], 2 * F_, D)
@@ -119,14 +134,22 @@ def cos(a, b):
     return float(torch.dot(a, b) / (a.norm() * b.norm() + 1e-30))
 
 
-def new_model(kw):
-    """The random LlamaForCausalLM of a test model (the same weights every call), fp32, on the GPU;
-    eager attention, which adds a 4D attention mask as given (the packed case's)."""
+def new_model(name):
+    """The random model of a test model's family (the same weights every call), fp32, on the GPU;
+    eager attention, which adds a 4D attention mask as given (the packed case's). Qwen3's norm
+    gains are drawn around 1, so that a gain applied in the wrong place shows."""
     torch.manual_seed(1234)
-    cfg = LlamaConfig(**kw, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
-                      hidden_act="silu", attention_bias=False, mlp_bias=False, initializer_range=0.05)
+    config_class, model_cls, extra = FAMILY.get(name, LLAMA)
+    cfg = config_class(**MODELS[name], **extra, max_position_embeddings=131072, hidden_act="silu",
+                       attention_bias=False, initializer_range=0.05)
     cfg._attn_implementation = "eager"
-    return cfg, LlamaForCausalLM(cfg).float().cuda()
+    model = model_cls(cfg).float().cuda()
+    if name in FAMILY:
+        with torch.no_grad():
+            for k, v in model.named_parameters():
+                if k.endswith("norm.weight"):
+                    v.add_(0.2 * torch.randn_like(v))
+    return cfg, model
 
 
 def packed_inputs(ids, starts):
@@ -152,7 +175,7 @@ def packed_case(rows):
     """./train --doc-mask against transformers on packed documents: loss and every gradient.
     Appends its lines to rows; returns whether everything agrees."""
     name = PACKED_MODEL
-    cfg, model = new_model(MODELS[name])
+    cfg, model = new_model(name)
     tmp = tempfile.mkdtemp(prefix=f"hf_parity_packed_{name}_")
     model.save_pretrained(f"{tmp}/hf", safe_serialization=True)
     ids = torch.randint(0, cfg.vocab_size, (SEQ + 1,)).tolist()
@@ -195,8 +218,9 @@ def packed_case(rows):
 def main():
     ok = True
     rows = []
-    for name, kw in MODELS.items():
-        cfg, model = new_model(kw)
+    for name in MODELS:
+        cfg, model = new_model(name)
+        Model = model_class(name)
         tmp = tempfile.mkdtemp(prefix=f"hf_parity_{name}_")
         model.save_pretrained(f"{tmp}/hf", safe_serialization=True)
         ids = torch.randint(0, cfg.vocab_size, (SEQ + 1,)).tolist()
@@ -222,7 +246,7 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         after = {k: v.detach().clone() for k, v in model.named_parameters()}
-        ours_after = LlamaForCausalLM.from_pretrained(f"{tmp}/ours", torch_dtype=torch.float32).cuda()
+        ours_after = Model.from_pretrained(f"{tmp}/ours", torch_dtype=torch.float32).cuda()
         ours_after = dict(ours_after.named_parameters())
 
         loss_err = abs(our_loss - loss.item()) / loss.item()
@@ -255,17 +279,17 @@ def main():
              "--save-dtype", "fp32"])
         run(["./train", "--config", name, "--init-from", f"{tmp}/hf", "--steps", "0", "--save-to", f"{tmp}/rt16"])
         prompt = torch.tensor(ids[:64], device="cuda")[None]
-        orig = LlamaForCausalLM.from_pretrained(f"{tmp}/hf", torch_dtype=torch.float32).cuda()
+        orig = Model.from_pretrained(f"{tmp}/hf", torch_dtype=torch.float32).cuda()
         with torch.no_grad():
             want = orig(prompt).logits.float()
-            got32 = LlamaForCausalLM.from_pretrained(f"{tmp}/rt32", torch_dtype=torch.float32).cuda()(prompt).logits.float()
-            got16 = LlamaForCausalLM.from_pretrained(f"{tmp}/rt16", torch_dtype=torch.float32).cuda()(prompt).logits.float()
+            got32 = Model.from_pretrained(f"{tmp}/rt32", torch_dtype=torch.float32).cuda()(prompt).logits.float()
+            got16 = Model.from_pretrained(f"{tmp}/rt16", torch_dtype=torch.float32).cuda()(prompt).logits.float()
         e32 = float((got32 - want).norm() / want.norm())
         e16 = float((got16 - want).norm() / want.norm())
         ok &= e32 < 1e-6 and e16 < 1e-2
         rows.append(f"{name:12} our saved checkpoint in transformers: logits rel error fp32 {e32:.2e} (needs < 1e-6), "
                     f"bf16 {e16:.2e} (needs < 1e-2)")
-        auto = {d: next(LlamaForCausalLM.from_pretrained(f"{tmp}/{d}", torch_dtype="auto").parameters()).dtype
+        auto = {d: next(Model.from_pretrained(f"{tmp}/{d}", torch_dtype="auto").parameters()).dtype
                 for d in ("rt32", "rt16")}
         ok &= auto == {"rt32": torch.float32, "rt16": torch.bfloat16}
         rows.append(f"{name:12} loaded with the dtype config.json names: fp32 save {auto['rt32']}, "

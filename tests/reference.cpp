@@ -303,6 +303,8 @@ struct LayerActs {
     std::vector<double> x_in;          // [T, D] layer input (residual stream)
     std::vector<double> rstd1, xn1;    // attention RMSNorm
     std::vector<double> q, k, v;       // [T, Hq*d], [T, Hkv*d] x2; q and k after RoPE
+    std::vector<double> q_raw, k_raw;  // Qwen3: q and k before their per-head norms
+    std::vector<double> rstd_q, rstd_k;  // [T * Hq], [T * Hkv]
     std::vector<double> attn;          // [T, Hq*d] attention output, input of wo
     std::vector<double> h;             // [T, D] residual after attention
     std::vector<double> rstd2, xn2;    // MLP RMSNorm
@@ -321,13 +323,16 @@ struct ModelActs {
 template <typename P>
 struct LayerTensors {
     P attn_norm, wqkv, wo, mlp_norm, w13, w2;
+    P q_norm, k_norm;  // Qwen3's per-head norms (null for Llama)
 };
 
 template <typename P>
-LayerTensors<P> layer_tensors(const ParamLayout& lay, P base, int l) {
+LayerTensors<P> layer_tensors(const ParamLayout& lay, const LlamaConfig& c, P base, int l) {
     return {base + lay.find(P_ATTN_NORM, l).offset, base + lay.find(P_WQKV, l).offset,
             base + lay.find(P_WO, l).offset,        base + lay.find(P_MLP_NORM, l).offset,
-            base + lay.find(P_W13, l).offset,       base + lay.find(P_W2, l).offset};
+            base + lay.find(P_W13, l).offset,       base + lay.find(P_W2, l).offset,
+            c.qk_norm() ? base + lay.find(P_Q_NORM, l).offset : nullptr,
+            c.qk_norm() ? base + lay.find(P_K_NORM, l).offset : nullptr};
 }
 
 // The LM head: its own matrix, or the embedding when tied.
@@ -369,6 +374,13 @@ void layer_forward(const LlamaConfig& c, const LayerTensors<const double*>& w, i
         for (int i = 0; i < qd; i++) a.q[t * qd + i] = qkv[t * qkvd + i];
         for (int i = 0; i < kvd; i++) a.k[t * kvd + i] = qkv[t * qkvd + qd + i];
         for (int i = 0; i < kvd; i++) a.v[t * kvd + i] = qkv[t * qkvd + qd + kvd + i];
+    }
+    if (c.qk_norm()) {  // Qwen3: RMSNorm of each head of q and k (T * heads rows of d), before RoPE
+        a.q_raw = a.q, a.k_raw = a.k;
+        a.rstd_q.resize(T * c.n_heads), a.rstd_k.resize(T * c.n_kv_heads);
+        rmsnorm_forward(a.q_raw.data(), w.q_norm, a.q.data(), a.rstd_q.data(), T * c.n_heads, c.head_dim, c.norm_eps);
+        rmsnorm_forward(a.k_raw.data(), w.k_norm, a.k.data(), a.rstd_k.data(), T * c.n_kv_heads, c.head_dim,
+                        c.norm_eps);
     }
     rope_apply(a.q.data(), T, S, c.n_heads, c.head_dim, qd, inv_freq, false, pos);
     rope_apply(a.k.data(), T, S, c.n_kv_heads, c.head_dim, kvd, inv_freq, false, pos);
@@ -421,6 +433,14 @@ void layer_backward(const LlamaConfig& c, const LayerTensors<const double*>& w,
                        dv.data(), B, S, c.n_heads, c.n_kv_heads, c.head_dim, first_key);
     rope_apply(dq.data(), T, S, c.n_heads, c.head_dim, qd, inv_freq, true, pos);
     rope_apply(dk.data(), T, S, c.n_kv_heads, c.head_dim, kvd, inv_freq, true, pos);
+    if (c.qk_norm()) {  // through the per-head norms
+        std::vector<double> dq_raw(T * qd), dk_raw(T * kvd);
+        rmsnorm_backward(dq.data(), a.q_raw.data(), w.q_norm, a.rstd_q.data(), dq_raw.data(), g.q_norm,
+                         T * c.n_heads, c.head_dim);
+        rmsnorm_backward(dk.data(), a.k_raw.data(), w.k_norm, a.rstd_k.data(), dk_raw.data(), g.k_norm,
+                         T * c.n_kv_heads, c.head_dim);
+        dq = dq_raw, dk = dk_raw;
+    }
     std::vector<double> dqkv(T * qkvd);
     for (int64_t t = 0; t < T; t++) {
         for (int i = 0; i < qd; i++) dqkv[t * qkvd + i] = dq[t * qd + i];
@@ -451,7 +471,7 @@ void model_forward(const LlamaConfig& c, const ParamLayout& lay, const double* p
 
     a.layers.resize(c.n_layers);
     for (int l = 0; l < c.n_layers; l++)
-        layer_forward(c, layer_tensors(lay, params, l), B, S, a.inv_freq, docs, x, a.layers[l]);
+        layer_forward(c, layer_tensors(lay, c, params, l), B, S, a.inv_freq, docs, x, a.layers[l]);
 
     a.x_final = x;
     a.rstd_final.resize(T);
@@ -485,7 +505,7 @@ double model_forward_backward(const LlamaConfig& cfg, const double* params,
                      a.rstd_final.data(), dx.data(), grads + lay.find(P_FINAL_NORM).offset, T, D);
 
     for (int l = cfg.n_layers - 1; l >= 0; l--)
-        layer_backward(cfg, layer_tensors(lay, params, l), layer_tensors(lay, grads, l), B, S,
+        layer_backward(cfg, layer_tensors(lay, cfg, params, l), layer_tensors(lay, cfg, grads, l), B, S,
                        a.inv_freq, docs, a.layers[l], dx);
 
     // Embedding lookup: scatter-add (a token used twice collects both gradients).

@@ -70,8 +70,8 @@ void linear_forward(const double* x, const double* W, double* y, int64_t T, int 
 void linear_backward(const double* dy, const double* x, const double* W, double* dx, double* dW,
                      int64_t T, int in, int out);
 
-// The whole model: embedding, L x (RMSNorm, QKV, RoPE, attention, O, residual, RMSNorm,
-// SwiGLU MLP, residual), final RMSNorm, LM head (tied: the embedding), mean cross-entropy.
+// The whole model: embedding, L x (RMSNorm, QKV, (Qwen3: RMSNorm of each head of q and k),
+// RoPE, attention, O, residual, RMSNorm, SwiGLU MLP, residual), final RMSNorm, LM head (tied: the embedding), mean cross-entropy.
 // params and grads use param_layout(cfg) offsets; grads is overwritten (zeroed first).
 // Returns the loss. If logits_out is not null it receives the [T, V] logits.
 // docs (may be null): packed documents, each attending within itself, positions from its start.

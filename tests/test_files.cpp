@@ -29,7 +29,7 @@ TEST(HfCheckpoint, RoundTripsEveryTensorOnEveryShard) {
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
-    for (const char* name : {"tiny", "tiny-untied"})
+    for (const char* name : {"tiny", "tiny-untied", "tiny-qwen3"})
         for (bool bf16 : {false, true}) {
             SCOPED_TRACE(std::string(name) + (bf16 ? " bf16" : " fp32"));
             LlamaConfig c = config_by_name(name);
@@ -142,6 +142,28 @@ TEST(HfCheckpoint, CorruptAndMismatchedFilesAreUsageErrorsNamingTheProblem) {
         EXPECT_EQ(fatal_code([&] { check_hf_checkpoint(dm.m, dir); }, &msg), EXIT_USAGE);
         EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;
     }
+}
+
+// A Qwen3 checkpoint needs its per-head norms: a Llama checkpoint of the same shape is refused,
+// naming the first one missing; a norm of the wrong size is named too.
+TEST(HfCheckpoint, Qwen3NeedsItsHeadNorms) {
+    const LlamaConfig c = config_by_name("tiny-qwen3");
+    DryModel dm(c, false, 1, 0);
+    const std::string file = tmpdir("qwen3") + "/model.safetensors";
+    auto e = correct_entries(c);
+    write_st(file, e);
+    std::string msg;
+    EXPECT_EQ(fatal_code([&] { check_hf_checkpoint(dm.m, file); }, &msg), -1) << msg;
+    LlamaConfig llama = c;
+    llama.family = Family::LLAMA;
+    write_st(file, correct_entries(llama));
+    EXPECT_EQ(fatal_code([&] { check_hf_checkpoint(dm.m, file); }, &msg), EXIT_USAGE);
+    EXPECT_NE(msg.find("model.layers.0.self_attn.q_norm.weight"), std::string::npos) << msg;
+    for (auto& entry : e)
+        if (entry.first == "model.layers.1.self_attn.k_norm.weight") entry.second.shape = {64}, entry.second.bytes = 256;
+    write_st(file, e);
+    EXPECT_EQ(fatal_code([&] { check_hf_checkpoint(dm.m, file); }, &msg), EXIT_USAGE);
+    EXPECT_NE(msg.find("model.layers.1.self_attn.k_norm.weight"), std::string::npos) << msg;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -390,6 +412,11 @@ TEST(HfConfig, AModelWithoutScalingTakesNoneOrDefault) {
                    {"rope_parameters.rope_theta: checkpoint 10000,"});
 }
 
+// text with its first `from` replaced by `to`.
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+    return text.replace(text.find(from), from.size(), to);
+}
+
 // Another family's config.json with Llama's fields is refused, naming the checkpoint's family
 // and ours: Mistral's model_type, GPT-2's architectures, a file with no model_type.
 TEST(HfConfig, AnotherModelFamilyIsRefused) {
@@ -397,11 +424,7 @@ TEST(HfConfig, AnotherModelFamilyIsRefused) {
     const std::string rope = old_style(good_rope(c)), good = config_with(c, rope);
     std::string msg;
     EXPECT_EQ(check_code(c, good, &msg), -1) << msg;
-    auto with = [&](const std::string& from, const std::string& to) {
-        std::string t = good;
-        t.replace(t.find(from), from.size(), to);
-        return t;
-    };
+    auto with = [&](const std::string& from, const std::string& to) { return replaced(good, from, to); };
     expect_refused(c, with("\"model_type\": \"llama\"", "\"model_type\": \"mistral\""),
                    {"model_type: checkpoint \"mistral\", --config tiny \"llama\""});
     expect_refused(c, with("[\"LlamaForCausalLM\"]", "[\"GPT2LMHeadModel\"]"),
@@ -409,6 +432,40 @@ TEST(HfConfig, AnotherModelFamilyIsRefused) {
     expect_refused(c, with("[\"LlamaForCausalLM\"]", "[]"), {"architectures: checkpoint []"});
     expect_refused(c, with("\"model_type\": \"llama\", ", ""), {"model_type: checkpoint missing, --config tiny \"llama\""});
     EXPECT_EQ(check_code(c, with("\"architectures\": [\"LlamaForCausalLM\"], ", ""), &msg), -1) << msg;  // optional
+}
+
+// Qwen3-32B's config.json (Qwen/Qwen3-32B) passes --config qwen3-32b; a Llama file is refused
+// for a Qwen3 config and a Qwen3 file for a Llama one, each naming both families; Qwen3's
+// sliding window is refused (its attention would see a window only).
+const char* kQwen3_32b = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 25600,
+  "max_position_embeddings": 40960, "max_window_layers": 64, "model_type": "qwen3",
+  "num_attention_heads": 64, "num_hidden_layers": 64, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})";
+
+TEST(HfConfig, Qwen3FilesAreReadAsQwen3Only) {
+    const LlamaConfig qwen = config_by_name("qwen3-32b");
+    std::string msg, file = kQwen3_32b;
+    EXPECT_EQ(check_code(qwen, file, &msg), -1) << msg;
+    auto with = [&](const std::string& from, const std::string& to) { return replaced(file, from, to); };
+    expect_refused(qwen, with("\"use_sliding_window\": false", "\"use_sliding_window\": true"),
+                   {"use_sliding_window: checkpoint true, --config qwen3-32b false"});
+    expect_refused(qwen, with("\"model_type\": \"qwen3\"", "\"model_type\": \"llama\""),
+                   {"model_type: checkpoint \"llama\", --config qwen3-32b \"qwen3\""});
+    expect_refused(qwen, with("[\"Qwen3ForCausalLM\"]", "[\"LlamaForCausalLM\"]"),
+                   {"architectures: checkpoint [\"LlamaForCausalLM\"], --config qwen3-32b [\"Qwen3ForCausalLM\"]"});
+    // Missing head_dim is transformers' Qwen3 default, 128 (not hidden size / heads = 80).
+    EXPECT_EQ(check_code(qwen, with("\"head_dim\": 128, ", ""), &msg), -1) << msg;
+    // Our own Qwen3 file for a Llama config of the same shape: refused by family alone.
+    LlamaConfig as_llama = config_by_name("tiny-qwen3");
+    const std::string ours = hf_config_json(as_llama, true);
+    as_llama.family = Family::LLAMA, as_llama.name = "tiny-as-llama";
+    expect_refused(as_llama, ours, {"model_type: checkpoint \"qwen3\", --config tiny-as-llama \"llama\"",
+                                    "architectures: checkpoint [\"Qwen3ForCausalLM\"], --config tiny-as-llama [\"LlamaForCausalLM\"]"});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -70,6 +70,58 @@ TEST_F(RmsNorm, BackwardMatchesReference) {
     }
 }
 
+// Qwen3's per-head norms: `heads` heads of d values from column `col` of rows ld apart, in place;
+// the row's other columns stay as they were. The reference normalizes T * heads rows of d.
+TEST_F(RmsNorm, PerHeadForwardAndBackwardMatchReference) {
+    TRACE_SEED();
+    for (int d : {64, 128}) {
+        SCOPED_TRACE("head dim " + std::to_string(d));
+        const int64_t T = 301, col = 8, ld = 5 * d + 16;  // 903 (row, head) pairs: not a multiple of the chunks
+        const int heads = 3;
+        const double eps = 1e-6;
+        auto x = rounded_bf16(random_normal(T * ld, rng, 3.0));
+        auto g = rounded_bf16(random_normal(T * ld, rng));
+        auto w = rounded_bf16(random_normal(d, rng, 0.3));
+        for (auto& v : w) v += 1.0;
+        std::vector<double> xh(T * heads * d), gh(T * heads * d), y(T * heads * d), rstd(T * heads);
+        std::vector<double> dx_ref(T * heads * d), dw_ref(d, 0.25);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < heads * d; i++) xh[t * heads * d + i] = x[t * ld + col + i], gh[t * heads * d + i] = g[t * ld + col + i];
+        ref::rmsnorm_forward(xh.data(), w.data(), y.data(), rstd.data(), T * heads, d, eps);
+        ref::rmsnorm_backward(gh.data(), xh.data(), w.data(), rstd.data(), dx_ref.data(), dw_ref.data(), T * heads, d);
+        auto heads_of = [&](const std::vector<double>& rows) {  // the heads' columns; checks the others are untouched
+            std::vector<double> out(T * heads * d);
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t i = 0; i < ld; i++) {
+                    if (i >= col && i < col + heads * d) out[t * heads * d + i - col] = rows[t * ld + i];
+                    else EXPECT_EQ(rows[t * ld + i], x[t * ld + i]) << "row " << t << " column " << i;
+                }
+            return out;
+        };
+        DeviceBuffer<bf16> d_x(T * ld), d_w(d), d_g(T * ld);
+        DeviceBuffer<float> d_dw(d), partial(rmsnorm_partial_floats(d));
+        upload(d_x, x), upload(d_w, w);
+        head_rmsnorm_forward(d_x.ptr + col, ld, d_w, T, heads, d, (float)eps, 0);
+        EXPECT_LT(rel_error(heads_of(download(d_x.ptr, T * ld)), y), TOL_BF16);
+        std::vector<double> first_dw;
+        for (int run = 0; run < 2; run++) {  // twice: the same bits
+            upload(d_x, x);
+            std::vector<double> g_outside = g;  // the gradient rows carry x outside the heads, to check they stay
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t i = 0; i < ld; i++)
+                    if (i < col || i >= col + heads * d) g_outside[t * ld + i] = x[t * ld + i];
+            upload(d_g, g_outside);
+            upload(d_dw, std::vector<double>(d, 0.25));  // dw accumulates
+            head_rmsnorm_backward(d_g.ptr + col, ld, d_x.ptr + col, ld, d_w, d_dw, T, heads, d, (float)eps, partial, 0);
+            EXPECT_LT(rel_error(heads_of(download(d_g.ptr, T * ld)), dx_ref), TOL_BF16);
+            const std::vector<double> dw = download(d_dw.ptr, d);  // floats, exactly
+            EXPECT_LT(rel_error(dw, dw_ref), 1e-4);
+            if (run == 0) first_dw = dw;
+            else EXPECT_TRUE(dw == first_dw) << "dw differs between two runs";
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 using Rope = Seeded;
 

@@ -125,12 +125,14 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
 }
 
 // tiny-hd128: head dim 128, so on Hopper the step runs kernels/attention_hopper.cu's kernels.
+// tiny-qwen3: the Qwen3 family (per-head norms of q and k; q_dim 512 against a hidden size of 128).
 INSTANTIATE_TEST_SUITE_P(Configs, WholeStep,
                          ::testing::Values("tiny", "tiny-untied", "tiny-hd128", "tiny+pieces", "tiny-untied+pieces",
-                                           "tiny+docs", "tiny-hd128+docs"),
+                                           "tiny+docs", "tiny-hd128+docs", "tiny-qwen3", "tiny-qwen3+docs"),
                          [](const auto& info) {
                              std::string p = info.param;
-                             std::string name = p.find("hd128") != std::string::npos ? "hd128"
+                             std::string name = p.find("qwen3") != std::string::npos ? "qwen3"
+                                                : p.find("hd128") != std::string::npos ? "hd128"
                                                 : p.find("untied") != std::string::npos ? "untied" : "tied";
                              if (p.find("+pieces") != std::string::npos) name += "_pieces";
                              return p.find("+docs") != std::string::npos ? name + "_documents" : name;

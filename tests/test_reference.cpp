@@ -118,9 +118,11 @@ TEST(RefRmsNorm, GradientsMatchFiniteDifferences) {
 
 // A model small enough for a finite-difference check of every parameter. head_dim 8 gives four
 // frequencies; original_max_pos 512 puts them in all three llama3 regimes (see the test below).
-LlamaConfig fd_config(bool tied) {
+// qwen3: the Qwen3 family (per-head norms of q and k), with its eps and RoPE theta.
+LlamaConfig fd_config(bool tied, bool qwen3 = false) {
     LlamaConfig c;
-    c.name = tied ? "fd-tied" : "fd-untied";
+    c.name = std::string(qwen3 ? "fd-qwen3-" : "fd-") + (tied ? "tied" : "untied");
+    if (qwen3) c.family = Family::QWEN3, c.norm_eps = 1e-6, c.rope_theta = 1e6;
     c.dim = 16;
     c.n_layers = 2;
     c.n_heads = 4;
@@ -513,7 +515,7 @@ std::vector<double> random_params(const LlamaConfig& c, std::mt19937_64& rng, do
     const ParamLayout lay = param_layout(c);
     auto p = random_normal(lay.total, rng, 1e3);
     for (const auto& t : lay.tensors) {
-        const bool gain = t.kind == P_ATTN_NORM || t.kind == P_MLP_NORM || t.kind == P_FINAL_NORM;
+        const bool gain = t.rows == 1;  // the norms' gains: attention, MLP, final, (Qwen3) q and k
         const double stddev = t.kind == P_EMBED ? scale : scale / std::sqrt((double)t.cols);
         const auto r = random_normal(t.numel(), rng, gain ? 0.2 : stddev);
         for (int64_t i = 0; i < t.numel(); i++) p[t.offset + i] = gain ? 1 + r[i] : r[i];
@@ -540,9 +542,9 @@ double loss_of(const LlamaConfig& c, const std::vector<double>& p, const Batch& 
     return ref::model_loss(c, p.data(), b.tokens.data(), b.targets.data(), b.B, b.S);
 }
 
-void check_model_gradients(bool tied) {
+void check_model_gradients(bool tied, bool qwen3 = false) {
     SEEDED_RNG(rng);
-    const LlamaConfig c = fd_config(tied);
+    const LlamaConfig c = fd_config(tied, qwen3);
     const ParamLayout lay = param_layout(c);
     auto params = random_params(c, rng);
     const Batch b = random_batch(c, 2, 5, rng);
@@ -570,6 +572,7 @@ void check_model_gradients(bool tied) {
 
 TEST(RefModel, EveryGradientMatchesFiniteDifferencesTied) { check_model_gradients(true); }
 TEST(RefModel, EveryGradientMatchesFiniteDifferencesUntied) { check_model_gradients(false); }
+TEST(RefModel, EveryGradientMatchesFiniteDifferencesQwen3) { check_model_gradients(false, true); }
 
 // A second forward pass, written token by token like decoding with a KV cache, in the words of
 // HF's LlamaForCausalLM (rotate_half, repeat_kv, act_fn(gate_proj(x)) * up_proj(x)). It shares
@@ -618,6 +621,14 @@ std::vector<double> decode_logits(const LlamaConfig& c, const std::vector<double
                 auto q = matvec(wqkv, qd, D, xn);                              // q_proj
                 auto k = matvec(wqkv + (int64_t)qd * D, kvd, D, xn);           // k_proj
                 const auto v = matvec(wqkv + (int64_t)(qd + kvd) * D, kvd, D, xn);  // v_proj
+                if (c.qk_norm()) {  // Qwen3Attention: q_norm, k_norm on each head, before the rotary
+                    for (std::vector<double>* x : {&q, &k})
+                        for (size_t h = 0; h < x->size() / d; h++) {
+                            const std::vector<double> head(x->begin() + h * d, x->begin() + (h + 1) * d);
+                            const auto y = rmsnorm(head, at(x == &q ? P_Q_NORM : P_K_NORM, l));
+                            std::copy(y.begin(), y.end(), x->begin() + h * d);
+                        }
+                }
                 apply_rotary(q, s);
                 apply_rotary(k, s);
                 kcache[l].push_back(k);
@@ -659,9 +670,8 @@ std::vector<double> decode_logits(const LlamaConfig& c, const std::vector<double
 
 TEST(RefModel, MatchesTokenByTokenDecoder) {
     SEEDED_RNG(rng);
-    for (bool tied : {true, false}) {
-        SCOPED_TRACE(tied ? "tied" : "untied");
-        const LlamaConfig c = fd_config(tied);
+    for (const LlamaConfig& c : {fd_config(true), fd_config(false), fd_config(false, true)}) {
+        SCOPED_TRACE(c.name);
         const auto params = random_params(c, rng);
         const Batch b = random_batch(c, 2, 6, rng);
         std::vector<double> grads(param_layout(c).total), logits;

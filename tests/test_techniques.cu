@@ -366,9 +366,13 @@ TEST(SimWorld, GatheredUnitsHoldTheWholeModel) {
 }
 
 // tiny-hd128: head dim 128, so on Hopper every technique runs kernels/attention_hopper.cu's kernels.
-INSTANTIATE_TEST_SUITE_P(Configs, Techniques, ::testing::Values("tiny", "tiny-untied", "tiny-hd128"),
+// tiny-qwen3: the Qwen3 family, its per-head norms of q and k through every technique.
+INSTANTIATE_TEST_SUITE_P(Configs, Techniques, ::testing::Values("tiny", "tiny-untied", "tiny-hd128", "tiny-qwen3"),
                          [](const auto& info) {
-                             return info.param == "tiny" ? "tied" : info.param == "tiny-untied" ? "untied" : "hd128";
+                             return info.param == "tiny"          ? "tied"
+                                    : info.param == "tiny-untied" ? "untied"
+                                    : info.param == "tiny-qwen3"  ? "qwen3"
+                                                                  : "hd128";
                          });
 
 }  // namespace
