@@ -113,6 +113,13 @@ TEST(Configs, MatchPublishedModels) {
     EXPECT_FALSE(c8.tied_embeddings);
     EXPECT_EQ(c3.rope_scaling.factor, 32.0);  // not the 8 that some ports hard-code
     EXPECT_EQ(c8.rope_scaling.factor, 8.0);
+    // Qwen3-32B (Qwen/Qwen3-32B's config.json): 32.8 B parameters, q_proj 8192 x 5120, no scaling.
+    const LlamaConfig q = config_by_name("qwen3-32b");
+    EXPECT_NEAR(count_params(q) / 1e9, 32.76, 0.01);
+    EXPECT_EQ(q.q_dim(), 8192);
+    EXPECT_TRUE(q.qk_norm() && !q.tied_embeddings && !q.rope_scaling.enabled);
+    EXPECT_EQ(q.rope_theta, 1e6);
+    EXPECT_EQ(q.norm_eps, 1e-6);
 }
 
 TEST(Schedule, WarmupThenCosine) {
