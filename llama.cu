@@ -624,7 +624,8 @@ static void declare_chunk_work_and_inputs(Model& m, Arena& A) {
     m.dxn = A.take<bf16>("d norm output", MEM_OTHER, std::max(C, m.plan.loss_rows) * c.dim);
     m.dh13 = A.take<bf16>("d h13", MEM_OTHER, C * 2 * F);
     m.dact = A.take<bf16>("d act", MEM_OTHER, C * F);
-    m.norm_partial = A.take<float>("rmsnorm dw partials", MEM_WORKSPACE, rmsnorm_partial_floats(std::max(c.dim, c.head_dim)));
+    m.norm_partial =  // the model's norms (D values) and Qwen3's per-head ones (d values) share them
+        A.take<float>("rmsnorm dw partials", MEM_WORKSPACE, rmsnorm_partial_floats(std::max(c.dim, c.head_dim)));
     if (c.qk_norm())  // Qwen3: q|k before their norms, projected again for the norms' backward
         m.qk_raw = A.take<bf16>("q|k before their norms (Qwen3)", MEM_OTHER, C * (c.q_dim() + c.kv_dim()));
     m.reduce_scratch = A.take<float>("reduction scratch", MEM_WORKSPACE, sum_scratch_floats());

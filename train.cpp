@@ -687,7 +687,8 @@ static void print_run(const Run& r) {
     const Options& o = r.o;
     printf("model %s: %d layers, dim %d, heads %d/%d x %d, ffn %d, vocab %d, %s embeddings, %.3f B parameters%s\n",
            c.name.c_str(), c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab,
-           c.tied_embeddings ? "tied" : "untied", count_params(c) / 1e9, c.qk_norm() ? ", Qwen3 (q and k normalized per head)" : "");
+           c.tied_embeddings ? "tied" : "untied", count_params(c) / 1e9,
+           c.qk_norm() ? ", Qwen3 (q and k normalized per head)" : "");
     printf("run: %d GPU%s%s; step: %lld tokens (%d x %lld per sequence), %lld on each GPU, %.3g FLOP per GPU\n",
            r.world, r.world > 1 ? "s" : "", r.simulated ? " simulated (--sim-world: this is rank 0's share)" : "",
            (long long)r.step_tokens, o.batch * r.dp, (long long)o.seq_len, (long long)r.m.shape.tokens(),

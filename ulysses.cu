@@ -569,8 +569,8 @@ void chunk_qk_norm_backward(Model& m, const Untied& p, int l, int i, bool kv_don
 }
 
 // dq of chunk i back to token-sharded, RoPE undone; with a complete KV group, dk | dv too
-// (replicated heads add up); Qwen3's norms undone. Then dxn1 += d q|k|v Wqkv, and the weight gradients token chunk by
-// token chunk against the normalized input, recomputed. `written`: dxn1 holds a sum already.
+// (replicated heads add up); Qwen3's norms undone. Then dxn1 += d q|k|v Wqkv, and the weight
+// gradients token chunk by token chunk against the normalized input, recomputed. `written`: dxn1 holds a sum already.
 void chunk_input_gradients(Model& m, const Untied& p, int l, int i, bf16* dxn1, bool& written, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     const int64_t w = p.K * p.d, kvw = p.kv * p.d;

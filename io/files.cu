@@ -4,8 +4,8 @@
 // Hugging Face. LlamaForCausalLM names its tensors model.embed_tokens.weight,
 // model.layers.{i}.input_layernorm.weight, ...self_attn.{q,k,v,o}_proj.weight,
 // ...post_attention_layernorm.weight, ...mlp.{gate,up,down}_proj.weight, model.norm.weight and
-// lm_head.weight (absent when tied); Qwen3ForCausalLM the same, and ...self_attn.{q,k}_norm.weight, each [out, in] row-major; its RoPE is the rotate-half
-// layout ours uses, so no permutation is needed. Our fused wqkv is q, k, v stacked by rows and
+// lm_head.weight (absent when tied); Qwen3ForCausalLM the same, and ...self_attn.{q,k}_norm.weight;
+// each [out, in] row-major. Their RoPE is the rotate-half layout ours uses, so no permutation is needed. Our fused wqkv is q, k, v stacked by rows and
 // w13 is gate then up, so each of our tensors is one or more row ranges of HF tensors. A load
 // reads only the pieces of this GPU's shards straight from the memory-mapped files (a GPU never
 // holds the whole model in host memory); a save gathers one unit at a time and rank 0 streams it

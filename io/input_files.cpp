@@ -366,8 +366,9 @@ void check_hf_shape(const JsonValue& j, const LlamaConfig& c, std::string& bad) 
     check_int(j, "num_hidden_layers", 32, false, c.n_layers, c, bad);
     const auto heads = check_int(j, "num_attention_heads", 32, false, c.n_heads, c, bad);
     check_int(j, "num_key_value_heads", heads, true, c.n_kv_heads, c, bad);
-    std::optional<int64_t> head_dim = qwen3 ? std::optional<int64_t>(128) : std::nullopt;
-    if (!qwen3 && dim && heads && *dim >= 0 && *heads > 0) head_dim = *dim / *heads;
+    std::optional<int64_t> head_dim;
+    if (qwen3) head_dim = 128;
+    else if (dim && heads && *dim >= 0 && *heads > 0) head_dim = *dim / *heads;
     check_int(j, "head_dim", head_dim, true, c.head_dim, c, bad);
 }
 

@@ -227,6 +227,10 @@ __device__ inline int head_norm_load(const bf16* p, int d, int lane, float v[HEA
     return n;
 }
 
+static void check_head_norm_dim(int d) {
+    if (d % 64 || d > 32 * HEAD_NORM_MAX) runtime_error("head_rmsnorm: head dim must be a multiple of 64, at most 256");
+}
+
 __global__ void head_rmsnorm_forward_kernel(bf16* x, int64_t ld, const bf16* w, int64_t n_rows, int heads, int d,
                                             float eps) {
     const int64_t pair = blockIdx.x * (int64_t)(blockDim.x / WARP) + threadIdx.x / WARP;
@@ -244,7 +248,7 @@ __global__ void head_rmsnorm_forward_kernel(bf16* x, int64_t ld, const bf16* w, 
 
 void head_rmsnorm_forward(bf16* x, int64_t ld, const bf16* w, int64_t n_rows, int heads, int d, float eps,
                           cudaStream_t s) {
-    if (d % 64 || d > 32 * HEAD_NORM_MAX) runtime_error("head_rmsnorm: head dim must be a multiple of 64, at most 256");
+    check_head_norm_dim(d);
     head_rmsnorm_forward_kernel<<<grid_for(n_rows * heads, 8), 8 * WARP, 0, s>>>(x, ld, w, n_rows, heads, d, eps);
     CUDA_CHECK_LAUNCH();
 }
@@ -285,7 +289,7 @@ __global__ void head_rmsnorm_backward_kernel(bf16* dy, int64_t ld, const bf16* x
 
 void head_rmsnorm_backward(bf16* dy, int64_t ld, const bf16* x, int64_t ldx, const bf16* w, float* dw,
                            int64_t n_rows, int heads, int d, float eps, float* partial, cudaStream_t s) {
-    if (d % 64 || d > 32 * HEAD_NORM_MAX) runtime_error("head_rmsnorm: head dim must be a multiple of 64, at most 256");
+    check_head_norm_dim(d);
     head_rmsnorm_backward_kernel<<<NORM_CHUNKS, 8 * WARP, 0, s>>>(dy, ld, x, ldx, w, partial, n_rows, heads, d, eps);
     CUDA_CHECK_LAUNCH();
     sum_chunks_kernel<<<grid_for(d, 256), 256, 0, s>>>(dw, partial, NORM_CHUNKS, d);
