@@ -133,17 +133,19 @@ long: train
 	    --task random $(LONG_ARGS) --log $(LONG_OUT)/long_$(LONG_CONFIG)_$$seq.jsonl || exit 1; \
 	done
 
-# Tokens/s per GPU at full depth for long contexts, stage 7 with --ckpt=selective (bench/throughput.sh's
-# FLAGS): a few layers of each model at each length, one
-# of each kind the full-depth plan has (attention output on the host, input rebuilt, attention
+# Tokens/s per GPU at full depth for long contexts, stage 7 with --ckpt=selective
+# (THROUGHPUT_FLAGS; '--stage 6' for the talk's stack, every attention rerun as UPipe does):
+# a few layers of each model at each length, one of each kind the full-depth plan has (attention output on the host, input rebuilt, attention
 # rerun, the last in its slot), and the rest of the step, added up to the full depth; each layer
 # taken apart from the --timeline, and the bounds (bench/throughput.sh, bench/throughput.py).
 # Output under THROUGHPUT_OUT.
 THROUGHPUT_CONFIGS ?= llama3.1-8b llama3.2-3b
 THROUGHPUT_SEQS ?= 3M 4M 5M
 THROUGHPUT_OUT ?= gpu_logs/throughput
+THROUGHPUT_FLAGS ?= --stage 7 --ckpt=selective
 throughput: train
 	@CONFIGS='$(THROUGHPUT_CONFIGS)' SEQS='$(THROUGHPUT_SEQS)' NODE_GPUS='$(NODE_GPUS)' OUT='$(THROUGHPUT_OUT)' \
+	  FLAGS='$(THROUGHPUT_FLAGS)' \
 	  bash bench/throughput.sh
 
 # The attention kernels the model uses, each shape checked against attention.cu's first, then

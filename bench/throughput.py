@@ -28,7 +28,9 @@ Each layer's time is also taken apart from the marks inside it: the attention ke
 all-to-alls (with their bytes), the MLP, and the rest (projections, norms, deltas, waits). Under
 --sim-world an all-to-all is a local copy; on a node each would take about its bytes / the
 NVLink all-to-all bandwidth (--nvlink-gbs, per GPU), so the node's step is estimated as the
-emulated one with the copies' time replaced by that. FSDP's collectives and offload's copies run
+emulated one with the copies' time replaced by that. Past one node (more GPUs than
+--gpus-per-node), the share of each all-to-all that goes to the other nodes' GPUs crosses the
+network at --cross-node-gbs per GPU, and the all-to-all takes the longer of its two parts. FSDP's collectives and offload's copies run
 on their own streams; their busy time per layer is printed beside the layer's compute.
 
 What bounds it: the attention kernels' rates in the step (causal FLOPs: forward 2 S^2 d Hq/N per
@@ -48,7 +50,10 @@ python3 bench/throughput.py --run-shape PLAN prints the short run a full-depth p
 its layer count, how many block inputs and attention outputs it keeps on the host."""
 import argparse, datetime, json, os, re, statistics
 
-PAPER = {"3M": "UPipe 166, Ulysses 162, FPDT 153", "4M": "UPipe 126, FPDT 120", "5M": "UPipe 98"}
+# The Untied Ulysses paper's tokens/s per GPU: Llama3-8B on 8 H100s, Qwen3-32B on 16 (two nodes).
+PAPER = {"llama3.1-8b": {"3M": "UPipe 166, Ulysses 162, FPDT 153", "4M": "UPipe 126, FPDT 120", "5M": "UPipe 98"},
+         "qwen3-32b": {"1M": "UPipe 113.3, Ulysses 117.0, FPDT 95.9", "2M": "UPipe 59.6, Ulysses 60.0, FPDT 55.4",
+                       "3M": "UPipe 40.4, FPDT 38.9 (Ulysses OOM)", "4M": "UPipe 30.0, FPDT 27.7", "5M": "UPipe OOM"}}
 LEAVES = ["attention forward", "attention backward", "all-to-all", "mlp forward", "mlp backward", "input rebuild"]
 
 
@@ -114,7 +119,8 @@ def run_shape(full_kinds):
     the plan: its input is rebuilt from layer 0's.)"""
     bases = {k.split("+")[0] for k in full_kinds}  # a "rerun+rebuilt" layer is timed by a rerun layer
     need = [k for k in ("host", "rebuilt", "rerun") if k in bases]
-    shape = need + ["slot"]
+    # Plain --ckpt (stage 6) reruns every layer, the last too: two rerun layers, each a check on the other.
+    shape = need + (["rerun"] if bases == {"rerun"} else ["slot"])
     inputs = sum(k != "rebuilt" for k in shape)
     outputs = sum(k in ("host", "rebuilt") for k in shape)
     return shape, inputs, outputs
@@ -155,7 +161,13 @@ def phase_clocks(d, name, marks, step_record):
     return out or None
 
 
-def summarize(d, name, commit, nvlink_gbs, out_dir):
+def seq_label(plan):
+    """The length as the paper's tables name it (3M), from a plan's step line."""
+    seq = int(re.search(r"step: \d+ tokens \(\d+ x (\d+) per sequence\)", plan).group(1))
+    return f"{seq // 2**20}M" if seq % 2**20 == 0 else f"{seq // 2**10}K"
+
+
+def summarize(d, name, commit, nvlink_gbs, out_dir, gpus_per_node=8, cross_node_gbs=50.0):
     plan = open(os.path.join(d, name + ".plan.txt")).read()
     refused = re.findall(r"^(host|cap) .*: OOM$", plan, re.M)
     if refused:
@@ -230,10 +242,15 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
         return sum(parts[source[k]][dr].get(what, 0) for dr in ("forward", "backward"))
     # A node: the emulated all-to-alls (local copies) replaced by their bytes over NVLink. (On a
     # real node the marks time NVLink itself: nothing to replace.)
+    # Past one node, the share bound for the other nodes crosses the network: each GPU sends the
+    # same bytes to every other, so that share is (GPUs on other nodes) / GPUs.
+    across = max(0, gpus - gpus_per_node) / gpus
+
+    def a2a_s(nbytes):
+        return max(nbytes * (1 - across) / (nvlink_gbs * 1e9), nbytes * across / (cross_node_gbs * 1e9))
     node_extra = 0.0
     if simulated:
-        node_extra = sum(count[k] * (a2a(k, "all-to-all bytes") / (nvlink_gbs * 1e9) - a2a(k, "all-to-all"))
-                         for k in source)
+        node_extra = sum(count[k] * (a2a_s(a2a(k, "all-to-all bytes")) - a2a(k, "all-to-all")) for k in source)
     # What bounds it: the attention kernels at other rates, everything else as measured. One
     # layer's causal attention forward on this GPU is 2 S^2 d Hq/N FLOPs, its backward 2.5 times
     # that; a layer that reruns attention computes the forward twice. The rates are those of the
@@ -263,6 +280,18 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
                   label: {"host budget": tokens_per_s(f, b, plan_n),
                           "every layer kept": tokens_per_s(f, b, all_kept) if "host" in per_layer else None}
                   for label, (f, b) in cases.items()}}
+    # Against the paper, like for like (UPipe reruns every attention, as plain --ckpt does): the
+    # layer its tokens/s allows, with the step outside the layers as ours, and the average rate over
+    # the forward, the rerun and the backward (4.5 forwards of FLOPs) that our attention kernels
+    # would need to fit our layer into it, everything else in the layer as measured.
+    upipe = re.search(r"UPipe ([\d.]+)", PAPER.get(name.rsplit("_", 1)[0], {}).get(seq_label(plan), ""))
+    against = None
+    if upipe and set(count[k] > 0 and k for k in KINDS) - {False} == {"rerun"}:
+        layer, att = per_layer["rerun"], a2a("rerun", "attention forward") + a2a("rerun", "attention backward")
+        allowed = (tokens / float(upipe.group(1)) - fixed) / layers
+        against = {"paper_tokens_per_s_per_gpu": float(upipe.group(1)), "paper_layer_s": allowed, "layer_s": layer,
+                   "attention_s": att, "rest_s": layer - att, "attention_tflops": 4.5 * flops / att / 1e12,
+                   "attention_tflops_needed": 4.5 * flops / (allowed - (layer - att)) / 1e12 if allowed > layer - att else None}
     out = {"name": name, "commit": commit, "command": run.get("command", ""), "layers": layers,
            "layers_by_kind": {k: count[k] for k in KINDS if count[k]},
            "layers_keeping_attention": layers - count["rerun"] - count["rerun+rebuilt"],
@@ -270,9 +299,11 @@ def summarize(d, name, commit, nvlink_gbs, out_dir):
            "inputs_rebuilt": sum(n for k, n in count.items() if "rebuilt" in k), "run_layers": run_kinds, "run_step_s": step,
            "layer_s": parts, "layer_total_s": per_layer, "timed_by": source, "estimated_kinds": estimated,
            "attention_fetch_s": att_fetch_s, "outside_layers_s": fixed, "full_depth_step_s": full,
-           "tokens_per_s_per_gpu": tokens / full, "bounds": bounds,
+           "tokens_per_s_per_gpu": tokens / full, "bounds": bounds, "against_paper": against,
            "gpu_clock": phase_clocks(d, name, marks, steps[-1]),
            "node_estimate": {"nvlink_all_to_all_gbs_per_gpu": nvlink_gbs if simulated else None,
+                             "gpus_per_node": gpus_per_node, "share_across_nodes": across,
+                             "cross_node_gbs_per_gpu": cross_node_gbs if simulated and across else None,
                              "full_depth_step_s": full + node_extra, "tokens_per_s_per_gpu": tokens / (full + node_extra)},
            "method": "one step of a few layers at the real length, one layer of each kind the full-depth plan has "
                      "(host, rebuilt, rerun, slot; device layers timed by the slot layer); the full depth is the "
@@ -288,6 +319,9 @@ def main():
     ap.add_argument("--dir")
     ap.add_argument("--commit", default="")
     ap.add_argument("--nvlink-gbs", type=float, default=330.0, help="all-to-all GB/s per GPU on the node")
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--cross-node-gbs", type=float, default=50.0,
+                    help="GB/s per GPU between nodes (400 Gb/s links), for runs of more GPUs than a node")
     ap.add_argument("--out", help="where NAME.throughput.json goes (default: --dir)")
     ap.add_argument("--run-shape", metavar="PLAN", help="print the short run for a full-depth plan: "
                     "layers, block inputs and attention outputs on the host, the kinds (comma-separated)")
@@ -301,11 +335,12 @@ def main():
         ap.error("--dir and at least one NAME, or --run-shape PLAN")
     results = []
     print("| run | layers by kind | one layer by kind (s) | outside the layers (s) | full-depth step (s) "
-          "| tokens/s per GPU | on a node, NVLink all-to-alls | paper (tokens/s per GPU) |")
+          "| tokens/s per GPU | on the nodes: all-to-alls over NVLink, and across nodes at "
+          f"{a.cross_node_gbs:g} GB/s per GPU | paper (tokens/s per GPU) |")
     print("|---|---|---|---|---|---|---|---|")
     for name in a.names:
         try:
-            r = summarize(a.dir, name, a.commit, a.nvlink_gbs, a.out or a.dir)
+            r = summarize(a.dir, name, a.commit, a.nvlink_gbs, a.out or a.dir, a.gpus_per_node, a.cross_node_gbs)
         except (OSError, KeyError, AttributeError, ValueError, IndexError) as e:
             print(f"| {name} | (no result: {type(e).__name__}: {e}) | | | | | | |")
             continue
@@ -316,7 +351,7 @@ def main():
                         for k in r["layers_by_kind"])
         print(f"| {name} | {kinds} | {per} | {r['outside_layers_s']:.1f} | {r['full_depth_step_s']:.0f} | "
               f"**{r['tokens_per_s_per_gpu']:.1f}** | {r['node_estimate']['tokens_per_s_per_gpu']:.1f} | "
-              f"{PAPER.get(seq, '') if name.startswith('llama3.1-8b') else ''} |")
+              f"{PAPER.get(name.rsplit('_', 1)[0], {}).get(seq, '')} |")
     print()
     print("(* timed by another kind of layer: " + "; ".join(sorted({e for r in results for e in r["estimated_kinds"]}
                                                                  | {"device: the slot layer"})) + ")")
@@ -348,6 +383,19 @@ def main():
         clock = " / ".join(f"{c[p]['median_sm_mhz']:.0f} MHz, {c[p]['median_power_w']:.0f} W" if p in c else "-"
                            for p in ("forward", "backward")) if c else "not logged"
         print(f"| {r['name']} | {rt['forward']:.0f} / {rt['backward']:.0f} | {clock} | {cases} |")
+    like = [r for r in results if r["against_paper"]]
+    if like:
+        print()
+        print("| run (every layer reruns its attention, as UPipe) | one layer: attention kernels + the rest (s) "
+              "| the layer the paper's tokens/s allows (s) | attention TFLOP/s over forward, rerun and backward: "
+              "ours; needed for the paper's figure |")
+        print("|---|---|---|---|")
+        for r in like:
+            a = r["against_paper"]
+            need = f"{a['attention_tflops_needed']:.0f}" if a["attention_tflops_needed"] else "more than any rate"
+            print(f"| {r['name']} (paper {a['paper_tokens_per_s_per_gpu']:g}) | {a['layer_s']:.2f} = "
+                  f"{a['attention_s']:.2f} + {a['rest_s']:.2f} | {a['paper_layer_s']:.2f} | "
+                  f"{a['attention_tflops']:.0f}; {need} |")
 
 
 if __name__ == "__main__":

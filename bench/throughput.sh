@@ -12,7 +12,8 @@
 #      (bench/throughput.py --run-shape: host, rebuilt, rerun, then the last, in its slot), with a
 #      host budget for just their block inputs and attention outputs, --rebuild-inputs 1 only if
 #      the shape has a rebuilt layer, and --device-keep-gib 0:
-#      8B at 3M and 4M run 2 layers (host, slot), at 5M 3 (host, rebuilt, slot);
+#      8B at 3M and 4M run 2 layers (host, slot), at 5M 3 (host, rebuilt, slot); with
+#      FLAGS='--stage 6' (plain --ckpt, every layer reruns its attention) 2 rerun layers;
 #   3. bench/throughput.py adds them up: the step less its layers is what does not grow with depth
 #      (embedding, head and loss, optimizer); full depth = that + each kind of layer times how
 #      many the plan has. It also takes each layer apart (attention kernels, all-to-alls, MLP,

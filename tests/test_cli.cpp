@@ -568,9 +568,9 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     if (run_command("python3 --version").code != 0) GTEST_SKIP() << "no python3";
     const std::string flags = "--plan --sim-world 8 --stage 7 --ckpt=selective --config llama3.1-8b --mem-cap-gib 80";
-    auto shape = [&](const std::string& more) {
+    auto shape = [&](const std::string& more, const std::string& base = "") {
         const std::string path = testing::TempDir() + "throughput.plan.txt";
-        Result plan = run_command("./train " + flags + " " + more + " > " + path);
+        Result plan = run_command("./train " + (base.empty() ? flags : base) + " " + more + " > " + path);
         EXPECT_EQ(plan.code, 0) << plan.output;
         Result r = run_command("python3 bench/throughput.py --run-shape " + path);
         EXPECT_EQ(r.code, 0) << r.output;
@@ -582,6 +582,8 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     EXPECT_EQ(shape("--seq-len 5M --rebuild-inputs 0 --host-mem-gib 200"), "3 3 1 host,rerun,slot\n");
     // A rerun layer whose input is rebuilt (layer 25 here) is timed as a rerun layer plus the rebuild.
     EXPECT_EQ(shape("--seq-len 5M --host-mem-gib 225"), "4 3 2 host,rebuilt,rerun,slot\n");
+    // Stage 6 (plain --ckpt) reruns every layer, the last too: two rerun layers, no slot.
+    EXPECT_EQ(shape("--seq-len 3M", "--plan --sim-world 8 --stage 6 --config llama3.1-8b --mem-cap-gib 80"), "2 2 0 rerun,rerun\n");
 
     const std::string out = testing::TempDir();
     // bench/throughput.py over a committed run's logs: each figure must appear in its tables.
@@ -606,6 +608,14 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     recompute("3b_3m_4m_5m_stmatrix", " llama3.2-3b_3M llama3.2-3b_4M llama3.2-3b_5M",
               {"| **307.7** |", "| **231.5** |", "| **183.1** |", "| 604 / 579 | 1455 MHz, 692 W / 1650 MHz, 692 W |"});
     recompute("8b_3m_q_registers", " llama3.1-8b_3M", {"| **203.1** |", "| 653 / 584 | 1560 MHz, 692 W / 1680 MHz, 691 W |"});
+    // The talk's stack like for like (stage 6, every attention rerun), beside UPipe: tokens/s, and
+    // the attention rate the paper's figure would need with our other costs.
+    recompute("8b_stage6_3m_4m_5m", eight, {"| **159.9** |", "| **120.4** |", "| **96.2** |", "| 32 rerun |",
+                                            "| llama3.1-8b_3M (paper 166) | 76.81 = 75.27 + 1.53 | 73.96 | 606; 630 |"});
+    // Qwen3-32B at 3M as rank 0 of 16: the all-to-alls across two nodes of 8 modelled at 50 GB/s.
+    recompute("qwen3_32b_3m/stage6", " qwen3-32b_3M", {"| **39.8** | 39.6 | UPipe 40.4", "| 64 rerun |"});
+    recompute("qwen3_32b_3m/stage7_selective", " qwen3-32b_3M",
+              {"| **50.1** | 49.9 |", "29 host, 27 rebuilt, 7 device, 1 slot"});
     // The GPU's clocks by phase: 3B at 5M, its step ended at 05:46:12 of the device's clock (Unix
     // 1312 against a reference pairing 05:41:00 with 1000). The forward layers then ran from 05:41:59
     // to 05:43:04, six samples (1560-1605 MHz), and the backward to the end, 19 (1635-1710).
