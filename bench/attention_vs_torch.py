@@ -21,6 +21,7 @@ import argparse
 import json
 import statistics
 
+import flex_blocks
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -32,6 +33,7 @@ except ImportError as e:  # an older PyTorch: the SDPA rows only
     FLEX_MISSING = str(e)
 
 
+CHECK_TOKENS = 128 * 1024  # block masks up to this length are checked against create_block_mask
 SHAPES = {"3B": ("3B 24/8", 24, 8), "8B": ("8B 32/8", 32, 8), "3B-U8": ("3B-U8 3/1", 3, 1), "8B-U8": ("8B-U8 4/1", 4, 1)}
 
 
@@ -92,14 +94,21 @@ def document_mask(doc_ids):
     return mask_mod
 
 
-def block_mask(mask_mod, S):
-    """The BlockMask of mask_mod on S x S, made once per (shape, S, docs), outside the timing.
-    B=None, H=None: one mask for the batch and every head (the mask does not depend on them), kept
-    per 128 x 128 block. The mask_mod itself is still evaluated on all S x S pairs: create_block_mask
-    run eagerly would materialize that [S, S] boolean tensor first (1 TiB at S = 1M), so it runs
-    compiled, which fuses mask_mod into the per-block reduction and keeps only the block maps
-    ([S/128, S/128]: 256 MiB of int32 at 1M)."""
-    return torch.compile(create_block_mask)(mask_mod, B=None, H=None, Q_LEN=S, KV_LEN=S, device="cuda")
+def block_mask(docs, S, mask_mod):
+    """The BlockMask for these documents on S x S, made once per (shape, S, docs), outside the
+    timing: from the documents' lengths (bench/flex_blocks.py), since create_block_mask evaluates
+    mask_mod on all S x S pairs (10^12 at 1M). One mask for the batch and every head, per 128 x 128
+    block. Up to CHECK_TOKENS it is checked against create_block_mask (compiled: run eagerly that
+    materializes the [S, S] booleans): the same partial and full blocks, or the bench stops."""
+    mask = flex_blocks.block_mask(docs, S, mask_mod)
+    if S <= CHECK_TOKENS:
+        ref = torch.compile(create_block_mask)(mask_mod, B=None, H=None, Q_LEN=S, KV_LEN=S, device="cuda")
+        for what in ("kv_num_blocks", "full_kv_num_blocks"):
+            if not torch.equal(getattr(mask, what).flatten(), getattr(ref, what).flatten()):
+                raise SystemExit(f"bench/flex_blocks.py: {what} differs from create_block_mask's at S = {S}")
+        if not torch.equal(mask.to_dense(), ref.to_dense()):
+            raise SystemExit(f"bench/flex_blocks.py: the blocks differ from create_block_mask's at S = {S}")
+    return mask
 
 
 def sdpa_rows(name, S, q, k, v, args, width):
@@ -156,10 +165,11 @@ def flex_rows(name, S, q, k, v, lengths, args, width):
     doc_ids = torch.repeat_interleave(torch.arange(len(docs), dtype=torch.int32),
                                       torch.tensor(docs)).to("cuda")  # per token, its document's number
     rows, doc_times = [], None
-    for kernels, mask_mod, n_docs, share in (("flex-documents", document_mask(doc_ids), len(docs), pair_share(docs, S)),
-                                             ("flex-causal", causal_mask, 1, 1.0)):
+    for kernels, mask_mod, blocks, share in (("flex-documents", document_mask(doc_ids), docs, pair_share(docs, S)),
+                                             ("flex-causal", causal_mask, [S], 1.0)):
+        n_docs = len(blocks)
         try:
-            fwd, bwd = time_flex(flex, q, k, v, block_mask(mask_mod, S), args)
+            fwd, bwd = time_flex(flex, q, k, v, block_mask(blocks, S, mask_mod), args)
         except Exception as e:  # a compile or launch that fails: say so, and go on
             print(f"{kernels:{width}} {name:10} {S:8}  unavailable: {str(e).splitlines()[0][:60]}")
             continue

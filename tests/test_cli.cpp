@@ -629,6 +629,16 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     EXPECT_NE(clocks.output.find("| 1598 MHz, 690 W / 1695 MHz, 691 W |"), std::string::npos) << clocks.output;
 }
 
+// bench/flex_blocks.py: FlexAttention's block mask for packed documents, made from the documents'
+// lengths (what lets the FlexAttention bench reach 1M), against a pair-by-pair classification.
+TEST(Throughput, FlexBlockMaskFromDocumentLengths) {
+    if (run_command("python3 --version").code != 0) GTEST_SKIP() << "no python3";
+    Result r = run_command("python3 bench/flex_blocks.py --check");
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("one-token documents: 16 query blocks agree"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("pair by pair"), std::string::npos) << r.output;
+}
+
 TEST(Binary, TrainsAndReportsOutOfMemory) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     REQUIRE_GPU();
