@@ -588,10 +588,15 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     const std::string out = testing::TempDir();
     // bench/throughput.py over a committed run's logs: each figure must appear in its tables.
     const std::string eight = " llama3.1-8b_3M llama3.1-8b_4M llama3.1-8b_5M";
-    auto recompute = [&](const std::string& dir, const std::string& names, std::vector<std::string> figures) {
-        Result r = run_command("python3 bench/throughput.py --dir results/throughput/" + dir + " --out " + out + names);
+    auto recompute_in = [&](const std::string& dir, const std::string& names, std::vector<std::string> figures,
+                            std::vector<std::string> absent) {
+        Result r = run_command("python3 bench/throughput.py --dir " + dir + " --out " + out + names);
         EXPECT_EQ(r.code, 0) << r.output;
         for (const std::string& f : figures) EXPECT_NE(r.output.find(f), std::string::npos) << dir << ": " << f << "\n" << r.output;
+        for (const std::string& f : absent) EXPECT_EQ(r.output.find(f), std::string::npos) << dir << ": " << f << "\n" << r.output;
+    };
+    auto recompute = [&](const std::string& dir, const std::string& names, std::vector<std::string> figures) {
+        recompute_in("results/throughput/" + dir, names, figures, {});
     };
     recompute("8b_3m_4m_5m_rebuilt_inputs", eight, {"| **202.2** |", "| **152.8** |", "| **121.5** |", "15 host, 11 rebuilt, 5 device, 1 slot"});
     recompute("8b_3m_4m_5m_rerun_layer", eight, {"| **200.2** |", "| **150.2** |", "| **109.5** |", "15 host, 5 device, 1 slot, 11 rerun"});
@@ -612,6 +617,17 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     // the attention rate the paper's figure would need with our other costs.
     recompute("8b_stage6_3m_4m_5m", eight, {"| **159.9** |", "| **120.4** |", "| **96.2** |", "| 32 rerun |",
                                             "| llama3.1-8b_3M (paper 166) | 76.81 = 75.27 + 1.53 | 73.96 | 606; 630 |"});
+    // With --doc-mask the rates count the documents' pairs: the same logs, read as 48 documents of
+    // 64K tokens (1/48 of causal's pairs), give 1/48 of the causal rates (646 / 576); drawn lengths
+    // give no FLOP count, and neither is set beside the paper.
+    const std::string docs = out + "docs/";
+    Result copied = run_command("mkdir -p " + docs + " && cp results/throughput/8b_stage6_3m_4m_5m/llama3.1-8b_3M.* " + docs +
+                                " && sed -i 's/--task random/--task copy --doc-lengths 64K,64K --doc-mask/' " + docs +
+                                "llama3.1-8b_3M.jsonl");
+    ASSERT_EQ(copied.code, 0) << copied.output;
+    recompute_in(docs, " llama3.1-8b_3M", {"| 13 / 12 |"}, {"(paper 166)"});
+    ASSERT_EQ(run_command("sed -i 's/64K,64K/32K,64K/' " + docs + "llama3.1-8b_3M.jsonl").code, 0);
+    recompute_in(docs, " llama3.1-8b_3M", {"(documents the logs do not give: no FLOP count)"}, {});
     // Qwen3-32B at 3M as rank 0 of 16: the all-to-alls across two nodes of 8 modelled at 50 GB/s.
     recompute("qwen3_32b_3m/stage6", " qwen3-32b_3M", {"| **39.8** | 39.6 | UPipe 40.4", "| 64 rerun |"});
     recompute("qwen3_32b_3m/stage7_selective", " qwen3-32b_3M",
