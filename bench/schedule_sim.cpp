@@ -17,8 +17,15 @@
 //   in-step   ordered, and a block does not go more than IN_STEP tiles ahead of the block of the
 //             next key tile while that one runs in the same query head (an experiment, not in
 //             the kernel)
+// With DOCS (packed documents of these lengths, repeating, e.g. 4K,16K,1K,32K,8K,2K), the fused
+// kernel's document order instead: key tiles from the last down, each block walking up from its
+// diagonal to its document's end, all heads of a tile in turn, its adds after those of the key
+// tile after it (ordered: a block waits before a tile that block has not passed). OVERHEAD adds
+// that many time units to every block's start (its K/V load and its dK/dV stores, which short
+// documents' blocks pay often).
 //   make build/schedule_sim (part of make all)
 //   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [GRID=kt|kv|cW] [L2_TILES=1600] [WALK=heads|tiles]
+//                      [DOCS=-] [OVERHEAD=0]
 // Prints the time against the ideal (total work / SMs) and the L2 hit rate of the reads.
 // Where it is cruder than the kernel: it waits before a tile's read, where the fused kernel waits
 // only at the add, with a stored dQ part and three stages of slack, so its ordering cost is
@@ -26,6 +33,7 @@
 // through L2 too); its hit rate counts Q/dO reads only, Nsight Compute's counts every sector.
 // What it predicted, and how that compared with the kernels: docs/attention.md.
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -68,9 +76,18 @@ struct SimOptions {
     int64_t seq = 0, in_step = 6, l2_tiles = 1600, chunk = 1;
     int kv_heads = 8, group = 3;
     const char *rule = "any", *grid = "kt";
-    double sigma = 0.01;
+    double sigma = 0.01, overhead = 0;
     bool ordered = false, stepped = false, by_tiles = false;
+    std::vector<int64_t> doc_lengths;  // DOCS: empty for one causal sequence
 };
+
+// 4K -> 4096; 0 for what is not a token count.
+static int64_t parse_tokens(const std::string& t) {
+    if (t.empty() || !isdigit((unsigned char)t[0])) return 0;
+    const char last = (char)toupper((unsigned char)t.back());
+    const int64_t mult = last == 'K' ? 1024 : last == 'M' ? 1024 * 1024 : 1;
+    return atoll(t.c_str()) * mult;
+}
 
 static bool parse_sim_options(int argc, char** argv, SimOptions& o) {
     if (argc < 2) {
@@ -92,8 +109,23 @@ static bool parse_sim_options(int argc, char** argv, SimOptions& o) {
     // deterministic dK/dV kernel's); tiles = from the last query tile down to the diagonal, all
     // heads of a tile in turn (the fused kernel's).
     o.by_tiles = argc > 9 && strcmp(argv[9], "tiles") == 0;
+    if (argc > 10 && strcmp(argv[10], "-") != 0) {
+        std::string list = argv[10];
+        for (size_t at = 0; at <= list.size();) {
+            const size_t comma = std::min(list.find(',', at), list.size());
+            const int64_t n = parse_tokens(list.substr(at, comma - at));
+            if (n < 128 || n % 128) {
+                fprintf(stderr, "schedule_sim: DOCS takes lengths that are positive multiples of 128\n");
+                return false;
+            }
+            o.doc_lengths.push_back(n);
+            at = comma + 1;
+        }
+    }
+    if (argc > 11) o.overhead = atof(argv[11]);
     o.ordered = strcmp(o.rule, "any") != 0, o.stepped = strcmp(o.rule, "in-step") == 0;
-    if (o.seq < 128 || o.seq % 128 != 0 || o.kv_heads < 1 || o.group < 1 || o.l2_tiles < 1 || o.sigma < 0 || o.in_step < 0) {
+    if (o.seq < 128 || o.seq % 128 != 0 || o.kv_heads < 1 || o.group < 1 || o.l2_tiles < 1 || o.sigma < 0 || o.in_step < 0 ||
+        o.overhead < 0) {
         fprintf(stderr, "schedule_sim: SEQ must be a positive multiple of 128, the counts and L2_TILES positive\n");
         return false;
     }
@@ -109,6 +141,8 @@ struct Simulation {
     static constexpr int SMS = 132;
     const SimOptions o;
     const int64_t n_qt, n_kt, n_blocks;
+    const bool docs;
+    std::vector<int64_t> qt_end;  // per key tile: the query tiles it walks end before this one
     std::vector<Block> sm;
     std::vector<int> on_sm;  // the SM a block runs on; -1 not started or done
     Lru l2;
@@ -119,10 +153,19 @@ struct Simulation {
     int64_t next_block = 0, reads = 0, hits = 0;
 
     explicit Simulation(const SimOptions& opt)
-        : o(opt), n_qt(opt.seq / 64), n_kt(opt.seq / 128), n_blocks(n_kt * opt.kv_heads), sm(SMS),
-          on_sm(n_blocks, -1), l2((int64_t)opt.kv_heads * opt.group * n_qt, opt.l2_tiles), speed(1.0, opt.sigma) {}
+        : o(opt), n_qt(opt.seq / 64), n_kt(opt.seq / 128), n_blocks(n_kt * opt.kv_heads), docs(!opt.doc_lengths.empty()),
+          qt_end(n_kt, opt.seq / 64), sm(SMS), on_sm(n_blocks, -1), l2((int64_t)opt.kv_heads * opt.group * n_qt, opt.l2_tiles),
+          speed(1.0, opt.sigma) {
+        // The documents, repeating from the start, the last cut off at SEQ (as bench/attention.cu --docs).
+        for (int64_t at = 0, i = 0; docs && at < o.seq; i++) {
+            const int64_t end = std::min(o.seq, at + o.doc_lengths[i % o.doc_lengths.size()]);
+            for (int64_t kt = at / 128; kt < (end + 127) / 128; kt++) qt_end[kt] = (end + 63) / 64;
+            at = end;
+        }
+    }
 
     int64_t position(const Block& b) const {
+        if (docs) return b.qt * o.group + b.head;  // up from the diagonal, all heads of a tile in turn
         return o.by_tiles ? (n_qt - 1 - b.qt) * o.group + b.head : b.head * n_qt + b.qt;
     }
     const Block* neighbour(const Block& b, int64_t dk) const {
@@ -132,15 +175,19 @@ struct Simulation {
         return s < 0 ? nullptr : &sm[s];
     }
     bool must_wait(const Block& b) const {
+        if (docs) {  // the key tile after this one adds first, where it is one of the tile's adders
+            const Block* after = neighbour(b, +1);
+            return o.ordered && after && after->kt <= b.qt / 2 && position(*after) <= position(b);
+        }
         const Block* before = neighbour(b, -1);
         if (o.ordered && before && position(*before) <= position(b)) return true;
         const Block* after = neighbour(b, +1);
         return o.stepped && after && (o.by_tiles || after->head == b.head) && position(*after) < position(b) - o.in_step;
     }
-    void try_go(int s, double t) {
+    void try_go(int s, double t, double extra = 0) {
         Block& b = sm[s];
         b.waiting = must_wait(b);
-        if (!b.waiting) events.push({t + 1.0 / b.speed, s});
+        if (!b.waiting) events.push({t + extra + 1.0 / b.speed, s});
     }
     void wake_neighbours(const Block& b, double t) {
         for (int64_t dk : {-1, 1}) {
@@ -160,14 +207,19 @@ struct Simulation {
         const int64_t c = in_full ? b.id / per_chunk : full, r = in_full ? b.id % per_chunk : b.id - full * per_chunk;
         const int64_t len = in_full ? o.chunk : n_kt - full * o.chunk;
         b.kv = (int)(r / len), b.kt = c * o.chunk + r % len;
-        b.qt = o.by_tiles ? n_qt - 1 : 2 * b.kt;
+        if (docs) b.kt = n_kt - 1 - b.kt;  // from the last key tile down
+        b.qt = o.by_tiles && !docs ? n_qt - 1 : 2 * b.kt;
         b.speed = std::max(0.5, speed(rng));
         on_sm[b.kt * o.kv_heads + b.kv] = s;
-        try_go(s, t);
+        try_go(s, t, o.overhead);
         wake_neighbours(b, t);
     }
     // Block b's next tile; whether the block is done.
     bool step(Block& b) {
+        if (docs) {
+            if (++b.head == o.group) b.head = 0, b.qt++;
+            return b.qt >= qt_end[b.kt];
+        }
         if (o.by_tiles) {
             if (++b.head == o.group) b.head = 0, b.qt--;
             return b.qt < 2 * b.kt;
@@ -206,11 +258,11 @@ int main(int argc, char** argv) {
     Simulation sim(o);
     int stuck = 0;
     const double end = sim.run(stuck);
-    const double ideal = (double)sim.reads / Simulation::SMS;
+    const double ideal = ((double)sim.reads + o.overhead * (double)sim.n_blocks) / Simulation::SMS;
     printf("seq %lld, %d KV heads x %d, grid %s (chunks of %lld key tiles)%s, rule %s, sigma %.3f%s, L2 %lld tiles: "
-           "time %.0f, %.3f x ideal; L2 hits %.1f%%%s\n",
+           "time %.0f, %.3f x ideal; L2 hits %.1f%%%s%s\n",
            (long long)o.seq, o.kv_heads, o.group, o.grid, (long long)o.chunk, o.by_tiles ? " (tiles walk)" : "", o.rule,
            o.sigma, o.stepped ? (", in-step " + std::to_string(o.in_step)).c_str() : "", (long long)o.l2_tiles, end,
-           end / ideal, 100.0 * sim.hits / sim.reads, stuck ? "  (DEADLOCK)" : "");
+           end / ideal, 100.0 * sim.hits / sim.reads, stuck ? "  (DEADLOCK)" : "", sim.docs ? " (documents)" : "");
     return stuck ? 1 : 0;
 }
