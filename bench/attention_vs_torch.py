@@ -3,7 +3,7 @@ FLOP convention: forward 4*S*S*d*H/2 (causal), backward 2.5x forward. Median of 
 timings after warm-up; forward and backward alternate, as in bench/attention.cu (and training),
 so both benches time each kernel at the clocks it gets right after the other one.
 
-    python3 bench/attention_vs_torch.py [--seqs 8192,16384,65536,131072] [--shapes 3B,8B] [--reps 10] [--separate] [--docs LIST] [--json FILE]
+    python3 bench/attention_vs_torch.py [--seqs 8192,16384,65536,131072] [--shapes 3B,8B] [--reps 10] [--separate] [--docs LIST [--flex-only]] [--json FILE]
 
 Shapes as bench/attention.cu's: 3B (24 query / 8 KV heads), 8B (32 / 8), and 3B-U8, 8B-U8 (their
 heads on one of eight Ulysses ranks: 3 / 1, 4 / 1).
@@ -15,7 +15,8 @@ mask) to the SDPA ones: "flex-documents", a token attending only to earlier toke
 document, at TFLOP/s over the pairs the documents allow (a document of n tokens counts n^2/2, as
 causal counts S^2/2: the causal FLOPs times pair_share); and "flex-causal", the same tokens as one
 causal sequence, with how many times the documents' time it takes. Without FlexAttention in this
-PyTorch those rows are skipped, with a line saying so.
+PyTorch those rows are skipped, with a line saying so. --flex-only leaves out the SDPA rows (at 1M
+they take minutes).
 """
 import argparse
 import json
@@ -194,6 +195,7 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", default="")
     ap.add_argument("--separate", action="store_true", help="time the forwards, then the backwards (not alternating)")
+    ap.add_argument("--flex-only", action="store_true", help="with --docs: the FlexAttention rows only")
     ap.add_argument("--docs", default="", help="packed documents of these lengths, repeating (e.g. 4K,16K,1K,32K,8K,2K): "
                     "adds FlexAttention rows, documents and causal")
     args = ap.parse_args()
@@ -201,6 +203,8 @@ def main():
     if unknown:
         ap.error(f"--shapes takes a list of {', '.join(SHAPES)}, got {unknown[0]!r}")
     lengths = [tokens(s) for s in args.docs.split(",")] if args.docs else []
+    if args.flex_only and not lengths:
+        ap.error("--flex-only times FlexAttention on --docs: give --docs")
     if any(n <= 0 for n in lengths):
         ap.error(f"--docs takes positive lengths, got {args.docs!r}")
     width = 14 if lengths else 8  # the first column fits "flex-documents"
@@ -218,7 +222,8 @@ def main():
             q = torch.randn(1, hq, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             k = torch.randn(1, hkv, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             v = torch.randn(1, hkv, S, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            rows += sdpa_rows(name, S, q, k, v, args, width)
+            if not args.flex_only:
+                rows += sdpa_rows(name, S, q, k, v, args, width)
             if lengths:
                 rows += flex_rows(name, S, q, k, v, lengths, args, width)
             del q, k, v
