@@ -66,22 +66,6 @@ def time_pair(fwd, bwd, reps, separate, warmup=2):
     return statistics.median(tf), statistics.median(tb)
 
 
-def document_lengths(lengths, S):
-    """The documents of an S-token sequence: `lengths` repeating, the last one cut off at S (as
-    bench/attention.cu's --docs)."""
-    docs, at = [], 0
-    while at < S:
-        n = min(lengths[len(docs) % len(lengths)], S - at)
-        docs.append(n)
-        at += n
-    return docs
-
-
-def pair_share(docs, S):
-    """Of causal's S^2/2 pairs, the share the documents allow (n^2/2 for a document of n)."""
-    return sum(n * n / 2 for n in docs) / (S * S / 2)
-
-
 def causal_mask(b, h, q_idx, kv_idx):
     """FlexAttention mask_mod: a query sees itself and the keys before it."""
     return q_idx >= kv_idx
@@ -162,11 +146,11 @@ def flex_rows(name, S, q, k, v, lengths, args, width):
     flex = torch.compile(flex_attention)
     hq, d = q.shape[1], q.shape[3]
     causal_flops = 4 * S * S * d * hq / 2
-    docs = document_lengths(lengths, S)
+    docs = flex_blocks.document_lengths(lengths, S)
     doc_ids = torch.repeat_interleave(torch.arange(len(docs), dtype=torch.int32),
                                       torch.tensor(docs)).to("cuda")  # per token, its document's number
     rows, doc_times = [], None
-    for kernels, mask_mod, blocks, share in (("flex-documents", document_mask(doc_ids), docs, pair_share(docs, S)),
+    for kernels, mask_mod, blocks, share in (("flex-documents", document_mask(doc_ids), docs, flex_blocks.pair_share(docs, S)),
                                              ("flex-causal", causal_mask, [S], 1.0)):
         n_docs = len(blocks)
         try:

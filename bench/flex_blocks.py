@@ -16,7 +16,8 @@ the start of its first row's document and s1 that of its last row's:
     if the block holds the start of a later document, every block f .. i is partial: that
     document's rows see none of the keys before its start.
 
-One document of S tokens is the causal mask. block_rows() returns each query block's partial
+One document of S tokens is the causal mask. document_lengths() and pair_share() give a sequence's
+documents and the share of causal's pairs they allow (bench/throughput.py uses them too). block_rows() returns each query block's partial
 blocks as an arithmetic run (first, step, count) and its full blocks as a range (first, count);
 block_mask() turns them into torch's BlockMask.from_kv_blocks on the GPU. The pure-Python part
 is checked against a pair-by-pair classification (`python3 bench/flex_blocks.py --check`, run by
@@ -27,6 +28,22 @@ import bisect
 import sys
 
 BLOCK = 128
+
+
+def document_lengths(lengths, S):
+    """The documents of an S-token sequence: `lengths` repeating, the last one cut off at S (as
+    bench/attention.cu's --docs)."""
+    docs, at = [], 0
+    while at < S:
+        n = min(lengths[len(docs) % len(lengths)], S - at)
+        docs.append(n)
+        at += n
+    return docs
+
+
+def pair_share(docs, S):
+    """Of causal's S^2/2 pairs, the share the documents allow (n^2/2 for a document of n)."""
+    return sum(n * n / 2 for n in docs) / (S * S / 2)
 
 
 def document_starts(docs):

@@ -50,6 +50,8 @@ python3 bench/throughput.py --run-shape PLAN prints the short run a full-depth p
 its layer count, how many block inputs and attention outputs it keeps on the host."""
 import argparse, datetime, json, os, re, statistics
 
+import flex_blocks
+
 # The Untied Ulysses paper's tokens/s per GPU: Llama3-8B on 8 H100s, Qwen3-32B on 16 (two nodes).
 PAPER = {"llama3.1-8b": {"3M": "UPipe 166, Ulysses 162, FPDT 153", "4M": "UPipe 126, FPDT 120", "5M": "UPipe 98"},
          "qwen3-32b": {"1M": "UPipe 113.3, Ulysses 117.0, FPDT 95.9", "2M": "UPipe 59.6, Ulysses 60.0, FPDT 55.4",
@@ -172,14 +174,13 @@ def pair_share(command, seq):
     if not m or m.group(1) != m.group(2):
         return None
     n = int(m.group(1).rstrip("KM")) * {"K": 1024, "M": 1024 * 1024}.get(m.group(1)[-1], 1)
-    whole, rest = divmod(seq, n)
-    return (whole * n * n + rest * rest) / (seq * seq)
+    return flex_blocks.pair_share(flex_blocks.document_lengths([n], seq), seq)
 
 
-def seq_label(plan):
-    """The length as the paper's tables name it (3M), from a plan's step line."""
-    seq = int(re.search(r"step: \d+ tokens \(\d+ x (\d+) per sequence\)", plan).group(1))
-    return f"{seq // 2**20}M" if seq % 2**20 == 0 else f"{seq // 2**10}K"
+def paper(name):
+    """The paper's figures for a run NAME (config_length, e.g. qwen3-32b_3M), or ''."""
+    config, seq = name.rsplit("_", 1)
+    return PAPER.get(config, {}).get(seq, "")
 
 
 def summarize(d, name, commit, nvlink_gbs, out_dir, gpus_per_node=8, cross_node_gbs=50.0):
@@ -304,9 +305,9 @@ def summarize(d, name, commit, nvlink_gbs, out_dir, gpus_per_node=8, cross_node_
     # layer its tokens/s allows, with the step outside the layers as ours, and the average rate over
     # the forward, the rerun and the backward (4.5 forwards of FLOPs) that our attention kernels
     # would need to fit our layer into it, everything else in the layer as measured.
-    upipe = re.search(r"UPipe ([\d.]+)", PAPER.get(name.rsplit("_", 1)[0], {}).get(seq_label(plan), ""))
+    upipe = re.search(r"UPipe ([\d.]+)", paper(name))
     against = None
-    if upipe and share == 1.0 and set(count[k] > 0 and k for k in KINDS) - {False} == {"rerun"}:
+    if upipe and share == 1.0 and {k for k in KINDS if count[k]} == {"rerun"}:
         layer, att = per_layer["rerun"], a2a("rerun", "attention forward") + a2a("rerun", "attention backward")
         allowed = (tokens / float(upipe.group(1)) - fixed) / layers
         against = {"paper_tokens_per_s_per_gpu": float(upipe.group(1)), "paper_layer_s": allowed, "layer_s": layer,
@@ -365,13 +366,12 @@ def main():
             print(f"| {name} | (no result: {type(e).__name__}: {e}) | | | | | | |")
             continue
         results.append(r)
-        seq = name.rsplit("_", 1)[-1]
         kinds = ", ".join(f"{n} {k}" for k, n in r["layers_by_kind"].items())
         per = ", ".join(f"{k} {r['layer_total_s'][k]:.1f}" + ("*" if r["timed_by"][k] != k else "")
                         for k in r["layers_by_kind"])
         print(f"| {name} | {kinds} | {per} | {r['outside_layers_s']:.1f} | {r['full_depth_step_s']:.0f} | "
               f"**{r['tokens_per_s_per_gpu']:.1f}** | {r['node_estimate']['tokens_per_s_per_gpu']:.1f} | "
-              f"{PAPER.get(name.rsplit('_', 1)[0], {}).get(seq, '')} |")
+              f"{paper(name)} |")
     print()
     print("(* timed by another kind of layer: " + "; ".join(sorted({e for r in results for e in r["estimated_kinds"]}
                                                                  | {"device: the slot layer"})) + ")")
