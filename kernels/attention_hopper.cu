@@ -117,7 +117,7 @@ namespace hopper {
 
 constexpr int THREADS = 384;                 // producer warpgroup + two consumer warpgroups
 #if !HOPPER_STUB
-constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 * 40 + 256 * 232 <= 65536
+constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;  // 128 * 56 + 256 * 224 <= 65536
 #endif
 constexpr int TILE = 128 * 128 * 2;          // bytes of a [128][128] bf16 tile
 constexpr int HALF_TILE = TILE / 2;          // a [64][128] tile
