@@ -9,7 +9,8 @@
 // forward's, and the backward's from 16K tokens) or in chunks of key tiles (GRID); a block walks
 // (query head of its group, query tile) from its diagonal on, head by head or by tiles (WALK),
 // one time unit per tile at its own speed (normal around 1, SIGMA); L2 is an LRU list of
-// L2_TILES tiles (a step's Q and dO tiles count as one, 32 KB: 1600 of them fill 50 MB).
+// L2_TILES tiles of 32 KB (1600 fill 50 MB): a step's Q and dO tiles count as one, and with
+// SUMS=1 the fused kernel's fp32 sums of the step's dQ (64 x 128 x 4 bytes) as another.
 // Rules (RULE):
 //   any       no waiting (the deterministic dK/dV kernel)
 //   ordered   a block reads a tile only after the block of the key tile before (same KV head), if
@@ -20,17 +21,23 @@
 // With DOCS (packed documents of these lengths, repeating, e.g. 4K,16K,1K,32K,8K,2K), the fused
 // kernel's document order instead: key tiles from the last down, each block walking up from its
 // diagonal to its document's end, all heads of a tile in turn, its adds after those of the key
-// tile after it (ordered: a block waits before a tile that block has not passed). OVERHEAD adds
+// tile after it (ordered: a block waits before a tile that block has not passed); with
+// WALK=down the first version's order instead: key tiles from the first up, each block walking
+// down from its document's end, its adds after those of the key tile before it. OVERHEAD adds
 // that many time units to every block's start (its K/V load and its dK/dV stores, which short
 // documents' blocks pay often).
 //   make build/schedule_sim (part of make all)
 //   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [GRID=kt|kv|cW] [L2_TILES=1600] [WALK=heads|tiles]
-//                      [DOCS=-] [OVERHEAD=0]
-// Prints the time against the ideal (total work / SMs) and the L2 hit rate of the reads.
+//                      [DOCS=-] [OVERHEAD=0] [SUMS=0] [LATENCY=0]
+// Prints the time against the ideal (total work / SMs), the L2 hit rate of the reads, and with
+// SUMS the hit rate of the sums and the DRAM bytes a step moves (a missed Q/dO read 32 KB, a
+// missed sum 64 KB: read, and written back when evicted). LATENCY: time units from the add a
+// waiting block waits for to its going on (the count's release and poll, an L2 round trip or
+// two; a time unit, one step, is about 2.4 us in the fused kernel).
 // Where it is cruder than the kernel: it waits before a tile's read, where the fused kernel waits
 // only at the add, with a stored dQ part and three stages of slack, so its ordering cost is
 // pessimistic; its L2 holds Q and dO only (the fused kernel's fp32 sums, 32 KB per step, go
-// through L2 too); its hit rate counts Q/dO reads only, Nsight Compute's counts every sector.
+// through L2 too, SUMS=1); its hit rates count tiles, Nsight Compute's counts every sector.
 // What it predicted, and how that compared with the kernels: docs/attention.md.
 #include <algorithm>
 #include <cctype>
@@ -71,13 +78,14 @@ struct Lru {
     }
 };
 
-// The command line: SEQ [KV_HEADS] [GROUP] [RULE] [SIGMA] [IN_STEP] [GRID] [L2_TILES] [WALK].
+// The command line: SEQ [KV_HEADS] [GROUP] [RULE] [SIGMA] [IN_STEP] [GRID] [L2_TILES] [WALK] [DOCS] [OVERHEAD]
+// [SUMS] [LATENCY].
 struct SimOptions {
     int64_t seq = 0, in_step = 6, l2_tiles = 1600, chunk = 1;
     int kv_heads = 8, group = 3;
     const char *rule = "any", *grid = "kt";
-    double sigma = 0.01, overhead = 0;
-    bool ordered = false, stepped = false, by_tiles = false;
+    double sigma = 0.01, overhead = 0, latency = 0;
+    bool ordered = false, stepped = false, by_tiles = false, down = false, sums = false;
     std::vector<int64_t> doc_lengths;  // DOCS: empty for one causal sequence
 };
 
@@ -92,7 +100,7 @@ static int64_t parse_tokens(const std::string& t) {
 static bool parse_sim_options(int argc, char** argv, SimOptions& o) {
     if (argc < 2) {
         fprintf(stderr, "usage: schedule_sim SEQ [KV_HEADS] [GROUP] [any|ordered|in-step] [SIGMA] [IN_STEP] [kt|kv|cW] "
-                        "[L2_TILES] [heads|tiles]\n");
+                        "[L2_TILES] [heads|tiles] [DOCS] [OVERHEAD] [SUMS] [LATENCY]\n");
         return false;
     }
     o.seq = atoll(argv[1]);
@@ -109,6 +117,7 @@ static bool parse_sim_options(int argc, char** argv, SimOptions& o) {
     // deterministic dK/dV kernel's); tiles = from the last query tile down to the diagonal, all
     // heads of a tile in turn (the fused kernel's).
     o.by_tiles = argc > 9 && strcmp(argv[9], "tiles") == 0;
+    o.down = argc > 9 && strcmp(argv[9], "down") == 0;  // with DOCS: the first version's order
     if (argc > 10 && strcmp(argv[10], "-") != 0) {
         std::string list = argv[10];
         for (size_t at = 0; at <= list.size();) {
@@ -123,9 +132,11 @@ static bool parse_sim_options(int argc, char** argv, SimOptions& o) {
         }
     }
     if (argc > 11) o.overhead = atof(argv[11]);
+    o.sums = argc > 12 && atoi(argv[12]) != 0;
+    if (argc > 13) o.latency = atof(argv[13]);
     o.ordered = strcmp(o.rule, "any") != 0, o.stepped = strcmp(o.rule, "in-step") == 0;
     if (o.seq < 128 || o.seq % 128 != 0 || o.kv_heads < 1 || o.group < 1 || o.l2_tiles < 1 || o.sigma < 0 || o.in_step < 0 ||
-        o.overhead < 0) {
+        o.overhead < 0 || o.latency < 0) {
         fprintf(stderr, "schedule_sim: SEQ must be a positive multiple of 128, the counts and L2_TILES positive\n");
         return false;
     }
@@ -150,11 +161,11 @@ struct Simulation {
     std::normal_distribution<double> speed;
     using Event = std::pair<double, int>;  // (time the SM's current tile is done, SM)
     std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
-    int64_t next_block = 0, reads = 0, hits = 0;
+    int64_t next_block = 0, reads = 0, hits = 0, sum_hits = 0;
 
     explicit Simulation(const SimOptions& opt)
         : o(opt), n_qt(opt.seq / 64), n_kt(opt.seq / 128), n_blocks(n_kt * opt.kv_heads), docs(!opt.doc_lengths.empty()),
-          qt_end(n_kt, opt.seq / 64), sm(SMS), on_sm(n_blocks, -1), l2((int64_t)opt.kv_heads * opt.group * n_qt, opt.l2_tiles),
+          qt_end(n_kt, opt.seq / 64), sm(SMS), on_sm(n_blocks, -1), l2(2 * (int64_t)opt.kv_heads * opt.group * n_qt, opt.l2_tiles),
           speed(1.0, opt.sigma) {
         // The documents, repeating from the start, the last cut off at SEQ (as bench/attention.cu --docs).
         for (int64_t at = 0, i = 0; docs && at < o.seq; i++) {
@@ -165,6 +176,7 @@ struct Simulation {
     }
 
     int64_t position(const Block& b) const {
+        if (docs && o.down) return (qt_end[b.kt] - 1 - b.qt) * o.group + b.head;  // down from the document's end
         if (docs) return b.qt * o.group + b.head;  // up from the diagonal, all heads of a tile in turn
         return o.by_tiles ? (n_qt - 1 - b.qt) * o.group + b.head : b.head * n_qt + b.qt;
     }
@@ -175,6 +187,10 @@ struct Simulation {
         return s < 0 ? nullptr : &sm[s];
     }
     bool must_wait(const Block& b) const {
+        if (docs && o.down) {  // the key tile before, in the same document, adds first
+            const Block* before = neighbour(b, -1);
+            return o.ordered && before && qt_end[before->kt] == qt_end[b.kt] && position(*before) <= position(b);
+        }
         if (docs) {  // the key tile after this one adds first, where it is one of the tile's adders
             const Block* after = neighbour(b, +1);
             return o.ordered && after && after->kt <= b.qt / 2 && position(*after) <= position(b);
@@ -192,7 +208,7 @@ struct Simulation {
     void wake_neighbours(const Block& b, double t) {
         for (int64_t dk : {-1, 1}) {
             const Block* n = neighbour(b, dk);
-            if (n && n->waiting) try_go((int)(n - sm.data()), t);
+            if (n && n->waiting) try_go((int)(n - sm.data()), t, o.latency);
         }
     }
     // The next block of the grid on SM s. Chunk c holds key tiles c*chunk.. (the last chunk may
@@ -207,8 +223,8 @@ struct Simulation {
         const int64_t c = in_full ? b.id / per_chunk : full, r = in_full ? b.id % per_chunk : b.id - full * per_chunk;
         const int64_t len = in_full ? o.chunk : n_kt - full * o.chunk;
         b.kv = (int)(r / len), b.kt = c * o.chunk + r % len;
-        if (docs) b.kt = n_kt - 1 - b.kt;  // from the last key tile down
-        b.qt = o.by_tiles && !docs ? n_qt - 1 : 2 * b.kt;
+        if (docs && !o.down) b.kt = n_kt - 1 - b.kt;  // from the last key tile down
+        b.qt = docs ? (o.down ? qt_end[b.kt] - 1 : 2 * b.kt) : o.by_tiles ? n_qt - 1 : 2 * b.kt;
         b.speed = std::max(0.5, speed(rng));
         on_sm[b.kt * o.kv_heads + b.kv] = s;
         try_go(s, t, o.overhead);
@@ -216,11 +232,11 @@ struct Simulation {
     }
     // Block b's next tile; whether the block is done.
     bool step(Block& b) {
-        if (docs) {
+        if (docs && !o.down) {
             if (++b.head == o.group) b.head = 0, b.qt++;
             return b.qt >= qt_end[b.kt];
         }
-        if (o.by_tiles) {
+        if (o.by_tiles || docs) {  // down to the diagonal (documents: from the document's end)
             if (++b.head == o.group) b.head = 0, b.qt--;
             return b.qt < 2 * b.kt;
         }
@@ -235,7 +251,9 @@ struct Simulation {
             const auto [t, s] = events.top();
             events.pop();
             Block& b = sm[s];
-            reads++, hits += l2.read(((int64_t)b.kv * o.group + b.head) * n_qt + b.qt), end = t;
+            const int64_t tile = ((int64_t)b.kv * o.group + b.head) * n_qt + b.qt;
+            reads++, hits += l2.read(tile), end = t;
+            if (o.sums) sum_hits += l2.read((int64_t)o.kv_heads * o.group * n_qt + tile);
             if (step(b)) {  // the next block in the grid takes the SM
                 on_sm[b.kt * o.kv_heads + b.kv] = -1;
                 const Block done = b;
@@ -264,5 +282,10 @@ int main(int argc, char** argv) {
            (long long)o.seq, o.kv_heads, o.group, o.grid, (long long)o.chunk, o.by_tiles ? " (tiles walk)" : "", o.rule,
            o.sigma, o.stepped ? (", in-step " + std::to_string(o.in_step)).c_str() : "", (long long)o.l2_tiles, end,
            end / ideal, 100.0 * sim.hits / sim.reads, stuck ? "  (DEADLOCK)" : "", sim.docs ? " (documents)" : "");
+    if (o.sums) {
+        const double misses = (double)(sim.reads - sim.hits), sum_misses = (double)(sim.reads - sim.sum_hits);
+        printf("  sums: L2 hits %.1f%%; DRAM per step %.1f KB (Q/dO %.1f, sums %.1f)\n", 100.0 * sim.sum_hits / sim.reads,
+               (32 * misses + 64 * sum_misses) / sim.reads, 32 * misses / sim.reads, 64 * sum_misses / sim.reads);
+    }
     return stuck ? 1 : 0;
 }

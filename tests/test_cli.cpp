@@ -756,6 +756,25 @@ TEST(Bench, NcuWavefrontsSumsBySassOpcode) {
     EXPECT_NE(no_counters.output.find("lacks the columns"), std::string::npos) << no_counters.output;
 }
 
+// bench/schedule_sim.cpp, the model behind docs/attention.md's leads for the fused backward with
+// documents (3B heads at 128K): the kept order's blocks spread over a document's query tiles, so
+// with the fp32 dQ sums in L2 a third of the reads hit; the first order keeps a document's blocks
+// on one tile. The figures are the ones docs/attention.md quotes.
+TEST(Bench, ScheduleModelOfTheDocumentsOrders) {
+    if (!std::ifstream("build/schedule_sim").good()) GTEST_SKIP() << "build/schedule_sim not built";
+    const std::string run = "build/schedule_sim 131072 8 3 ordered 0.01 6 kv 1600 ";
+    Result kept = run_command(run + "tiles 4K,16K,1K,32K,8K,2K 0 1");
+    ASSERT_EQ(kept.code, 0) << kept.output;
+    EXPECT_NE(kept.output.find("1.016 x ideal; L2 hits 32.9%"), std::string::npos) << kept.output;
+    EXPECT_NE(kept.output.find("DRAM per step 64.4 KB"), std::string::npos) << kept.output;
+    Result first = run_command(run + "down 4K,16K,1K,32K,8K,2K 0 1");
+    ASSERT_EQ(first.code, 0) << first.output;
+    EXPECT_NE(first.output.find("L2 hits 98.6%"), std::string::npos) << first.output;
+    Result bad = run_command(run + "down 4K,100");
+    EXPECT_EQ(bad.code, 2);
+    EXPECT_NE(bad.output.find("positive multiples of 128"), std::string::npos) << bad.output;
+}
+
 TEST(Ladder, RefusesWhatUlyssesCannotSplit) {
     std::vector<LadderRow> rows = ladder_plan(parse({"--config", "tiny", "--seq-len", "1001", "--sim-world", "8"}));
     EXPECT_TRUE(rows[1].refused.empty());
