@@ -23,7 +23,9 @@
 // diagonal to its document's end, all heads of a tile in turn, its adds after those of the key
 // tile after it (ordered: a block waits before a tile that block has not passed); with
 // WALK=down the first version's order instead: key tiles from the first up, each block walking
-// down from its document's end, its adds after those of the key tile before it. OVERHEAD adds
+// down from its document's end, its adds after those of the key tile before it; WALK=up-heads
+// the kept order with each block walking one query head's tiles after another (as the lean
+// kernel), so that the block before reaches a tile 2 (head + 1) steps ahead instead of 2 GROUP. OVERHEAD adds
 // that many time units to every block's start (its K/V load and its dK/dV stores, which short
 // documents' blocks pay often).
 //   make build/schedule_sim (part of make all)
@@ -85,7 +87,7 @@ struct SimOptions {
     int kv_heads = 8, group = 3;
     const char *rule = "any", *grid = "kt";
     double sigma = 0.01, overhead = 0, latency = 0;
-    bool ordered = false, stepped = false, by_tiles = false, down = false, sums = false;
+    bool ordered = false, stepped = false, by_tiles = false, down = false, up_heads = false, sums = false;
     std::vector<int64_t> doc_lengths;  // DOCS: empty for one causal sequence
 };
 
@@ -118,6 +120,7 @@ static bool parse_sim_options(int argc, char** argv, SimOptions& o) {
     // heads of a tile in turn (the fused kernel's).
     o.by_tiles = argc > 9 && strcmp(argv[9], "tiles") == 0;
     o.down = argc > 9 && strcmp(argv[9], "down") == 0;  // with DOCS: the first version's order
+    o.up_heads = argc > 9 && strcmp(argv[9], "up-heads") == 0;
     if (argc > 10 && strcmp(argv[10], "-") != 0) {
         std::string list = argv[10];
         for (size_t at = 0; at <= list.size();) {
@@ -193,7 +196,9 @@ struct Simulation {
         }
         if (docs) {  // the key tile after this one adds first, where it is one of the tile's adders
             const Block* after = neighbour(b, +1);
-            return o.ordered && after && after->kt <= b.qt / 2 && position(*after) <= position(b);
+            if (!o.ordered || !after || after->kt > b.qt / 2) return false;
+            if (o.up_heads) return after->head < b.head || (after->head == b.head && after->qt <= b.qt);
+            return position(*after) <= position(b);
         }
         const Block* before = neighbour(b, -1);
         if (o.ordered && before && position(*before) <= position(b)) return true;
@@ -232,6 +237,11 @@ struct Simulation {
     }
     // Block b's next tile; whether the block is done.
     bool step(Block& b) {
+        if (docs && o.up_heads) {
+            if (++b.qt < qt_end[b.kt]) return false;
+            b.qt = 2 * b.kt;
+            return ++b.head == o.group;
+        }
         if (docs && !o.down) {
             if (++b.head == o.group) b.head = 0, b.qt++;
             return b.qt >= qt_end[b.kt];
