@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/compare_binaries.sh - does a change compute what the binary before it computed? On one GPU:
 #   same     --dump of step 1 (loss and every gradient) at stages 0-7, with and without
-#            --ckpt=selective, lean and fused, for tiny-hd128 at 2K and 3B with 2 layers at 8K:
+#            --ckpt=selective, lean and fused, with and without packed documents, for tiny-hd128
+#            at 2K and 3B with 2 layers at 8K:
 #            the two binaries' files compared byte for byte; then --sim-world logs (loss and
 #            gradient norm of each step) at stages 6 and 7
 #   suites   every test binary of $SUITE_BIN (build/tests), with its counts and time
@@ -37,6 +38,14 @@ if [ "$what" = same ] || [ "$what" = both ]; then
   done
   for st in 0 1 2 3 4 5 6 7; do
     dumpcmp 3b_s$st --config llama3.2-3b --layers 2 --seq-len 8K --steps 1 --stage $st --seed 3
+  done
+  for at in fast fused; do  # packed documents (--doc-mask), both backwards
+    for st in 0 6 7; do
+      dumpcmp tiny_docs_${at}_s$st --config tiny-hd128 --seq-len 2K --steps 1 --stage $st --seed 3 --attention $at \
+        --task copy --doc-lengths 128,700 --doc-mask
+    done
+    dumpcmp 3b_docs_${at}_s6 --config llama3.2-3b --layers 2 --seq-len 8K --steps 1 --stage 6 --seed 3 --attention $at \
+      --task copy --doc-lengths 512,3K --doc-mask
   done
   dumpcmp 3b_s7_sel --config llama3.2-3b --layers 2 --seq-len 8K --steps 1 --stage 7 --ckpt=selective --seed 3
   fi
