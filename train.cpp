@@ -763,9 +763,7 @@ static int print_plan(Run& r) {
     const Options& o = r.o;
     const double rt = runtime_estimate_gib(r.world);
     // auto: with a cap, what a run would choose (on an sm_90 GPU, where the fused backward runs).
-    if (o.attention == "auto" && r.cfg.head_dim == 128 && o.step.doc_mask) {
-        if (r.lead) printf("attention auto: the lean backward (with --doc-mask as fast as the fused one, without its dQ sums)\n");
-    } else if (o.attention == "auto" && r.cfg.head_dim == 128 && o.mem_cap_gib > 0) {
+    if (o.attention == "auto" && r.cfg.head_dim == 128 && o.mem_cap_gib > 0) {
         const bool fits = fused_backward_fits(r.m, (int64_t)(o.mem_cap_gib * GiB), (int64_t)(rt * GiB));
         const bool lean_fits = r.arena.total() / GiB + rt <= o.mem_cap_gib;
         if (fits) plan_fused_backward(r);
@@ -1181,7 +1179,7 @@ static int run(const Options& o, const Launch& launch) {
     check_host_memory(r);
     open_inputs(r);
     open_gpu(r);
-    if (o.attention == "auto" && !o.step.doc_mask) choose_attention(r);  // documents: the lean is as fast
+    if (o.attention == "auto") choose_attention(r);
     keep_attention_on_device(r);
     check_host_memory(r);  // the device's layers may leave fewer inputs to rebuild
     print_attention_plan(r);

@@ -304,25 +304,23 @@ struct Ring {
 
 // The order in which a dK/dV block walks its steps (query head of the GQA group, 64-row query
 // tile at or after its keys). By heads: each head's tiles from the diagonal up, head after head.
-// By tiles (the fused kernel): from the last query tile down to the diagonal, all heads of a tile
+// By tiles (the fused kernel, causal): from the last query tile down to the diagonal, all heads of a tile
 // in turn. Then every block walks the tiles it shares with the block of the key tile before in
 // the same order and at the same step, the two diagonal tiles that only the block before has
 // coming after all of them; so with the ordered adds, a block started with the one before never
 // waits for it by more than one add. By heads, it waits two steps at every head's start.
-// With documents the fused kernel adds by descending key tile and walks by tiles up from the
-// diagonal (`up`): each tile's adders then come in the order they reach it (dkdv_kernel).
+// With documents the fused kernel walks by heads too, and adds by descending key tile
+// (dkdv_kernel, warp 1): a block's tiles then stay in L2 for the block of the key tile before.
 template <bool BY_TILES>
 struct Walk {
     int head = 0;
     int64_t qt;
     const int64_t first_qt, n_qt;
     const int group;
-    const bool up;
-    __device__ Walk(int64_t first, int64_t n, int g, bool up_ = false)
-        : qt(BY_TILES && !up_ ? n - 1 : first), first_qt(first), n_qt(n), group(g), up(up_) {}
+    __device__ Walk(int64_t first, int64_t n, int g) : qt(BY_TILES ? n - 1 : first), first_qt(first), n_qt(n), group(g) {}
     __device__ void next() {
         if (BY_TILES) {
-            if (++head == group) head = 0, qt += up ? 1 : -1;
+            if (++head == group) head = 0, qt--;
         } else if (++qt == n_qt) {
             qt = first_qt, head++;
         }
@@ -654,6 +652,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int64_t chain = p.kv_major ? blockIdx.x / p.n_tiles : blockIdx.x % chains;
     const int64_t in_chain = p.kv_major ? blockIdx.x % p.n_tiles : blockIdx.x / chains;
     const int64_t k_tile = FUSED_DQ && DOCS ? p.n_tiles - 1 - in_chain : in_chain;
+    constexpr bool BY_TILES = FUSED_DQ && !DOCS;  // the order of the steps (Walk)
     const int kvh = (int)(chain % p.n_kv_heads), b = (int)(chain / p.n_kv_heads);
     const int64_t k0 = k_tile * 128;
     const int64_t first_qt = k0 / BQ, n_qt = (p.seq + BQ - 1) / BQ;
@@ -695,11 +694,13 @@ __global__ void __launch_bounds__(THREADS, 1)
             // a short document's blocks work. So the adds go by descending key tile (rank: the
             // diagonal's key tile less this one), the grid starts from the last key tiles (a
             // block waits only for blocks started before it, as above), and blocks walk up from
-            // their diagonal: a tile's adders reach it in the order they add, none waiting in
-            // the steady state.)
+            // their diagonal head after head: a block reaches each tile 2 steps a head later than
+            // the block of the key tile after it, which started first, so none waits in the
+            // steady state. Head after head rather than all heads of a tile in turn, because
+            // more of the sums are still in L2 when the next adder comes (docs/attention.md).)
             int* counts = (int*)(p.dq_accum + dq_sum_floats(p.batch, p.n_heads, n_qt));
             uint32_t parity = 0;
-            Walk<FUSED_DQ> walk(first_qt, qt_end, p.group, DOCS);
+            Walk<BY_TILES> walk(first_qt, qt_end, p.group);
             for (int64_t step = 0; step < n_steps; step++, walk.next(), parity ^= 1) {
                 const int64_t tile = ((int64_t)b * p.n_heads + kvh * p.group + walk.head) * n_qt + walk.qt;
                 float* dst = p.dq_accum + tile * (BQ * HD);
@@ -725,7 +726,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 tma_tile(sK, &map_k, kv_full, kvh, k0, b, 128);
                 tma_tile(sV, &map_v, kv_full, kvh, k0, b, 128);
             }
-            Walk<FUSED_DQ> walk(first_qt, qt_end, p.group, FUSED_DQ && DOCS);
+            Walk<BY_TILES> walk(first_qt, qt_end, p.group);
             for (int64_t step = 0; step < n_steps; step++, walk.next()) {
                 const int h = kvh * p.group + walk.head;
                 const int64_t head_row = ((int64_t)b * p.n_heads + h) * p.seq, qt = walk.qt;
@@ -765,7 +766,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // every step (a tile whose queries all precede this consumer's keys is masked to zero).
     const Turns turns(c, 2 * n_steps, !FUSED_DQ);
     Ring<BWD_STAGES> ring;
-    Walk<FUSED_DQ> walk(first_qt, qt_end, p.group, FUSED_DQ && DOCS);
+    Walk<BY_TILES> walk(first_qt, qt_end, p.group);
     // With documents, this thread's keys are seen by the queries before key_end[r] only (the end
     // of the key's document).
     int64_t key_end[2] = {p.seq, p.seq};
