@@ -1042,7 +1042,6 @@ static void print_training(const Run& r, const SyntheticData& data) {
     printf("  attention kernels: %s%s\n", attention_kernels(r),
            o.attention != "auto" || !r.fast_attention ? ""
            : o.step.fused_attention                   ? " (auto: its fp32 dQ sums fit)"
-           : o.step.doc_mask                          ? " (auto: with --doc-mask the lean backward is as fast, without dQ sums)"
                                                       : " (auto: the fused backward's fp32 dQ sums would not fit on every GPU)");
     if (!data.file && o.task != "random")
         printf("  uniform guess = ln(%d) = %.3f\n", o.task_vocab, std::log((double)o.task_vocab));

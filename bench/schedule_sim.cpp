@@ -19,17 +19,17 @@
 //             next key tile while that one runs in the same query head (an experiment, not in
 //             the kernel)
 // With DOCS (packed documents of these lengths, repeating, e.g. 4K,16K,1K,32K,8K,2K), the fused
-// kernel's document order instead: key tiles from the last down, each block walking up from its
-// diagonal to its document's end, all heads of a tile in turn, its adds after those of the key
-// tile after it (ordered: a block waits before a tile that block has not passed); with
-// WALK=down the first version's order instead: key tiles from the first up, each block walking
-// down from its document's end, its adds after those of the key tile before it; WALK=up-heads
-// the kept order with each block walking one query head's tiles after another (as the lean
-// kernel), so that the block before reaches a tile 2 (head + 1) steps ahead instead of 2 GROUP. OVERHEAD adds
+// kernel's document orders instead: key tiles from the last down, each block walking up from its
+// diagonal to its document's end, its adds after those of the key tile after it (ordered: a
+// block waits before a tile that block has not passed). WALK=up-heads (the kernel's): each block
+// walks one query head's tiles after another, so the block before reaches a tile 2 (head + 1)
+// steps ahead; WALK=tiles (its previous walk): all heads of a tile in turn, 2 GROUP steps
+// ahead; WALK=down (the first version): key tiles from the first up, each block walking down
+// from its document's end, its adds after those of the key tile before it. OVERHEAD adds
 // that many time units to every block's start (its K/V load and its dK/dV stores, which short
 // documents' blocks pay often).
 //   make build/schedule_sim (part of make all)
-//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [GRID=kt|kv|cW] [L2_TILES=1600] [WALK=heads|tiles]
+//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [GRID=kt|kv|cW] [L2_TILES=1600] [WALK=heads|tiles|up-heads|down]
 //                      [DOCS=-] [OVERHEAD=0] [SUMS=0] [LATENCY=0]
 // Prints the time against the ideal (total work / SMs), the L2 hit rate of the reads, and with
 // SUMS the hit rate of the sums and the DRAM bytes a step moves (a missed Q/dO read 32 KB, a
