@@ -118,8 +118,13 @@ namespace hopper {
 constexpr int THREADS = 384;                 // producer warpgroup + two consumer warpgroups
 #if !HOPPER_STUB
 constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;  // docs/attention.md: the split measured
-static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 65536 && PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0,
-              "setmaxnreg: the warpgroups' registers fit the SM's 64K, in multiples of 8");
+// setmaxnreg moves registers within the block's pool, which is what it was launched with: at most
+// 168 a thread for 384 threads (64K / 384, in multiples of 8), 64,512 in all. An increase past the
+// pool waits forever, so the split must fit it, not the SM's 65,536.
+constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * LAUNCH_REGS && PRODUCER_REGS % 8 == 0 &&
+                  CONSUMER_REGS % 8 == 0,
+              "setmaxnreg: the warpgroups' registers fit the block's launch pool, in multiples of 8");
 #endif
 constexpr int TILE = 128 * 128 * 2;          // bytes of a [128][128] bf16 tile
 constexpr int HALF_TILE = TILE / 2;          // a [64][128] tile
