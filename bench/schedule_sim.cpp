@@ -10,7 +10,9 @@
 // (query head of its group, query tile) from its diagonal on, head by head or by tiles (WALK),
 // one time unit per tile at its own speed (normal around 1, SIGMA); L2 is an LRU list of
 // L2_TILES tiles of 32 KB (1600 fill 50 MB): a step's Q and dO tiles count as one, and with
-// SUMS=1 the fused kernel's fp32 sums of the step's dQ (64 x 128 x 4 bytes) as another.
+// SUMS=1 the fused kernel's fp32 sums of the step's dQ (64 x 128 x 4 bytes) as another; SUMS=2
+// with the sums' adds at L2 priority evict_last, 3 Q and dO at evict_first, 4 both, 5 Q and dO at
+// evict_last (a miss evicts the least recent tile of the lowest priority held).
 // Rules (RULE):
 //   any       no waiting (the deterministic dK/dV kernel)
 //   ordered   a block reads a tile only after the block of the key tile before (same KV head), if
@@ -60,22 +62,28 @@ struct Block {
 };
 
 // L2 as one LRU list of tiles (a step's Q and dO tiles count as one, 32 KB), `capacity` of them.
+// L2 as LRU lists of tiles, one per eviction priority (0 evict_first, 1 normal, 2 evict_last): a
+// miss evicts the least recent tile of the lowest priority held.
 struct Lru {
     std::vector<int64_t> prev, next;
-    std::vector<char> held;
-    int64_t head = -1, tail = -1, size = 0, capacity;
-    Lru(int64_t tiles, int64_t capacity) : prev(tiles, -1), next(tiles, -1), held(tiles, 0), capacity(capacity) {}
+    std::vector<char> held, priority;
+    int64_t head[3] = {-1, -1, -1}, tail[3] = {-1, -1, -1}, size = 0, capacity;
+    Lru(int64_t tiles, int64_t capacity) : prev(tiles, -1), next(tiles, -1), held(tiles, 0), priority(tiles, 1), capacity(capacity) {}
     void unlink(int64_t t) {
-        (prev[t] >= 0 ? next[prev[t]] : head) = next[t];
-        (next[t] >= 0 ? prev[next[t]] : tail) = prev[t];
+        const int c = priority[t];
+        (prev[t] >= 0 ? next[prev[t]] : head[c]) = next[t];
+        (next[t] >= 0 ? prev[next[t]] : tail[c]) = prev[t];
     }
-    bool read(int64_t t) {  // true: a hit; the tile becomes the most recent either way
+    bool read(int64_t t, int c = 1) {  // true: a hit; the tile becomes the most recent of class c either way
         const bool hit = held[t];
         if (hit) unlink(t);
-        else if (++size > capacity) held[tail] = 0, unlink(tail), size--;
-        held[t] = 1, prev[t] = -1, next[t] = head;
-        (head >= 0 ? prev[head] : tail) = t;
-        head = t;
+        else if (++size > capacity) {
+            const int64_t victim = tail[0] >= 0 ? tail[0] : tail[1] >= 0 ? tail[1] : tail[2];
+            unlink(victim), held[victim] = 0, size--;
+        }
+        priority[t] = (char)c, held[t] = 1, prev[t] = -1, next[t] = head[c];
+        (head[c] >= 0 ? prev[head[c]] : tail[c]) = t;
+        head[c] = t;
         return hit;
     }
 };
@@ -88,6 +96,7 @@ struct SimOptions {
     const char *rule = "any", *grid = "kt";
     double sigma = 0.01, overhead = 0, latency = 0;
     bool ordered = false, stepped = false, by_tiles = false, down = false, up_heads = false, sums = false;
+    int sums_priority = 1, qdo_priority = 1;  // SUMS 2-5: L2 eviction priorities (Lru)
     std::vector<int64_t> doc_lengths;  // DOCS: empty for one causal sequence
 };
 
@@ -135,7 +144,10 @@ static bool parse_sim_options(int argc, char** argv, SimOptions& o) {
         }
     }
     if (argc > 11) o.overhead = atof(argv[11]);
-    o.sums = argc > 12 && atoi(argv[12]) != 0;
+    const int sums = argc > 12 ? atoi(argv[12]) : 0;
+    o.sums = sums != 0;
+    o.sums_priority = sums == 2 || sums == 4 ? 2 : 1;  // the sums' adds evict_last
+    o.qdo_priority = sums == 3 || sums == 4 ? 0 : sums == 5 ? 2 : 1;  // Q and dO evict_first, or evict_last
     if (argc > 13) o.latency = atof(argv[13]);
     o.ordered = strcmp(o.rule, "any") != 0, o.stepped = strcmp(o.rule, "in-step") == 0;
     if (o.seq < 128 || o.seq % 128 != 0 || o.kv_heads < 1 || o.group < 1 || o.l2_tiles < 1 || o.sigma < 0 || o.in_step < 0 ||
@@ -262,8 +274,8 @@ struct Simulation {
             events.pop();
             Block& b = sm[s];
             const int64_t tile = ((int64_t)b.kv * o.group + b.head) * n_qt + b.qt;
-            reads++, hits += l2.read(tile), end = t;
-            if (o.sums) sum_hits += l2.read((int64_t)o.kv_heads * o.group * n_qt + tile);
+            reads++, hits += l2.read(tile, o.qdo_priority), end = t;
+            if (o.sums) sum_hits += l2.read((int64_t)o.kv_heads * o.group * n_qt + tile, o.sums_priority);
             if (step(b)) {  // the next block in the grid takes the SM
                 on_sm[b.kt * o.kv_heads + b.kv] = -1;
                 const Block done = b;

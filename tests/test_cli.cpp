@@ -770,6 +770,11 @@ TEST(Bench, ScheduleModelOfTheDocumentsOrders) {
     ASSERT_EQ(heads.code, 0) << heads.output;
     EXPECT_NE(heads.output.find("1.016 x ideal; L2 hits 60.5%"), std::string::npos) << heads.output;
     EXPECT_NE(heads.output.find("DRAM per step 38.0 KB"), std::string::npos) << heads.output;
+    // The sums' adds at L2 priority evict_last (SUMS=2): the sums stay, Q and dO miss.
+    Result last = run_command(run + "up-heads 4K,16K,1K,32K,8K,2K 0 2");
+    ASSERT_EQ(last.code, 0) << last.output;
+    EXPECT_NE(last.output.find("sums: L2 hits 98.8%; DRAM per step 32.5 KB (Q/dO 31.7, sums 0.7)"), std::string::npos)
+        << last.output;
     Result tiles = run_command(run + "tiles 4K,16K,1K,32K,8K,2K 0 1");  // its previous walk
     ASSERT_EQ(tiles.code, 0) << tiles.output;
     EXPECT_NE(tiles.output.find("1.016 x ideal; L2 hits 32.9%"), std::string::npos) << tiles.output;
