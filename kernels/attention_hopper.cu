@@ -699,10 +699,11 @@ __global__ void __launch_bounds__(THREADS, 1)
             // a short document's blocks work. So the adds go by descending key tile (rank: the
             // diagonal's key tile less this one), the grid starts from the last key tiles (a
             // block waits only for blocks started before it, as above), and blocks walk up from
-            // their diagonal head after head: a block reaches each tile 2 steps a head later than
-            // the block of the key tile after it, which started first, so none waits in the
-            // steady state. Head after head rather than all heads of a tile in turn, because
-            // more of the sums are still in L2 when the next adder comes (docs/attention.md).)
+            // their diagonal head after head: a block reaches each tile of head h 2 (h + 1) steps
+            // later than the block of the key tile after it, which started first, so where both
+            // blocks' keys end in one document none waits in the steady state. Head after head
+            // rather than all heads of a tile in turn (2 x group steps), because more of the sums
+            // are still in L2 when the next adder comes (docs/attention.md).)
             int* counts = (int*)(p.dq_accum + dq_sum_floats(p.batch, p.n_heads, n_qt));
             uint32_t parity = 0;
             Walk<BY_TILES> walk(first_qt, qt_end, p.group);
