@@ -25,7 +25,7 @@
 // diagonal to its document's end, its adds after those of the key tile after it (ordered: a
 // block waits before a tile that block has not passed). WALK=up-heads (the kernel's): each block
 // walks one query head's tiles after another, so the block before reaches a tile 2 (head + 1)
-// steps ahead; WALK=tiles (its previous walk): all heads of a tile in turn, 2 GROUP steps
+// steps ahead; WALK=tiles or heads (its previous walk): all heads of a tile in turn, 2 GROUP steps
 // ahead; WALK=down (the first version): key tiles from the first up, each block walking down
 // from its document's end, its adds after those of the key tile before it. OVERHEAD adds
 // that many time units to every block's start (its K/V load and its dK/dV stores, which short
@@ -95,7 +95,8 @@ struct SimOptions {
     int kv_heads = 8, group = 3;
     const char *rule = "any", *grid = "kt";
     double sigma = 0.01, overhead = 0, latency = 0;
-    bool ordered = false, stepped = false, by_tiles = false, down = false, up_heads = false, sums = false;
+    bool ordered = false, stepped = false, sums = false;
+    enum Walk { HEADS, TILES, UP_HEADS, DOWN } walk = HEADS;  // WALK (the header says each)
     int sums_priority = 1, qdo_priority = 1;  // SUMS 2-5: L2 eviction priorities (Lru)
     std::vector<int64_t> doc_lengths;  // DOCS: empty for one causal sequence
 };
@@ -127,9 +128,16 @@ static bool parse_sim_options(int argc, char** argv, SimOptions& o) {
     // WALK: heads = each query head's tiles from the diagonal up, head after head (the
     // deterministic dK/dV kernel's); tiles = from the last query tile down to the diagonal, all
     // heads of a tile in turn (the fused kernel's).
-    o.by_tiles = argc > 9 && strcmp(argv[9], "tiles") == 0;
-    o.down = argc > 9 && strcmp(argv[9], "down") == 0;  // with DOCS: the first version's order
-    o.up_heads = argc > 9 && strcmp(argv[9], "up-heads") == 0;
+    if (argc > 9) {
+        const std::string w = argv[9];
+        if (w == "tiles") o.walk = SimOptions::TILES;
+        else if (w == "up-heads") o.walk = SimOptions::UP_HEADS;
+        else if (w == "down") o.walk = SimOptions::DOWN;  // with DOCS: the first version's order
+        else if (w != "heads") {
+            fprintf(stderr, "schedule_sim: WALK is heads, tiles, up-heads or down, got '%s'\n", argv[9]);
+            return false;
+        }
+    }
     if (argc > 10 && strcmp(argv[10], "-") != 0) {
         std::string list = argv[10];
         for (size_t at = 0; at <= list.size();) {
@@ -169,6 +177,9 @@ struct Simulation {
     const int64_t n_qt, n_kt, n_blocks;
     const bool docs;
     std::vector<int64_t> qt_end;  // per key tile: the query tiles it walks end before this one
+    bool by_tiles() const { return o.walk == SimOptions::TILES; }
+    bool up_heads() const { return o.walk == SimOptions::UP_HEADS; }
+    bool down() const { return o.walk == SimOptions::DOWN; }
     std::vector<Block> sm;
     std::vector<int> on_sm;  // the SM a block runs on; -1 not started or done
     Lru l2;
@@ -191,9 +202,9 @@ struct Simulation {
     }
 
     int64_t position(const Block& b) const {
-        if (docs && o.down) return (qt_end[b.kt] - 1 - b.qt) * o.group + b.head;  // down from the document's end
+        if (docs && down()) return (qt_end[b.kt] - 1 - b.qt) * o.group + b.head;  // down from the document's end
         if (docs) return b.qt * o.group + b.head;  // up from the diagonal, all heads of a tile in turn
-        return o.by_tiles ? (n_qt - 1 - b.qt) * o.group + b.head : b.head * n_qt + b.qt;
+        return by_tiles() ? (n_qt - 1 - b.qt) * o.group + b.head : b.head * n_qt + b.qt;
     }
     const Block* neighbour(const Block& b, int64_t dk) const {
         const int64_t kt = b.kt + dk;
@@ -202,20 +213,20 @@ struct Simulation {
         return s < 0 ? nullptr : &sm[s];
     }
     bool must_wait(const Block& b) const {
-        if (docs && o.down) {  // the key tile before, in the same document, adds first
+        if (docs && down()) {  // the key tile before, in the same document, adds first
             const Block* before = neighbour(b, -1);
             return o.ordered && before && qt_end[before->kt] == qt_end[b.kt] && position(*before) <= position(b);
         }
         if (docs) {  // the key tile after this one adds first, where it is one of the tile's adders
             const Block* after = neighbour(b, +1);
             if (!o.ordered || !after || after->kt > b.qt / 2) return false;
-            if (o.up_heads) return after->head < b.head || (after->head == b.head && after->qt <= b.qt);
+            if (up_heads()) return after->head < b.head || (after->head == b.head && after->qt <= b.qt);
             return position(*after) <= position(b);
         }
         const Block* before = neighbour(b, -1);
         if (o.ordered && before && position(*before) <= position(b)) return true;
         const Block* after = neighbour(b, +1);
-        return o.stepped && after && (o.by_tiles || after->head == b.head) && position(*after) < position(b) - o.in_step;
+        return o.stepped && after && (by_tiles() || after->head == b.head) && position(*after) < position(b) - o.in_step;
     }
     void try_go(int s, double t, double extra = 0) {
         Block& b = sm[s];
@@ -240,8 +251,8 @@ struct Simulation {
         const int64_t c = in_full ? b.id / per_chunk : full, r = in_full ? b.id % per_chunk : b.id - full * per_chunk;
         const int64_t len = in_full ? o.chunk : n_kt - full * o.chunk;
         b.kv = (int)(r / len), b.kt = c * o.chunk + r % len;
-        if (docs && !o.down) b.kt = n_kt - 1 - b.kt;  // from the last key tile down
-        b.qt = docs ? (o.down ? qt_end[b.kt] - 1 : 2 * b.kt) : o.by_tiles ? n_qt - 1 : 2 * b.kt;
+        if (docs && !down()) b.kt = n_kt - 1 - b.kt;  // from the last key tile down
+        b.qt = docs ? (down() ? qt_end[b.kt] - 1 : 2 * b.kt) : by_tiles() ? n_qt - 1 : 2 * b.kt;
         b.speed = std::max(0.5, speed(rng));
         on_sm[b.kt * o.kv_heads + b.kv] = s;
         try_go(s, t, o.overhead);
@@ -249,16 +260,16 @@ struct Simulation {
     }
     // Block b's next tile; whether the block is done.
     bool step(Block& b) {
-        if (docs && o.up_heads) {
+        if (docs && up_heads()) {
             if (++b.qt < qt_end[b.kt]) return false;
             b.qt = 2 * b.kt;
             return ++b.head == o.group;
         }
-        if (docs && !o.down) {
+        if (docs && !down()) {
             if (++b.head == o.group) b.head = 0, b.qt++;
             return b.qt >= qt_end[b.kt];
         }
-        if (o.by_tiles || docs) {  // down to the diagonal (documents: from the document's end)
+        if (by_tiles() || docs) {  // down to the diagonal (documents: from the document's end)
             if (++b.head == o.group) b.head = 0, b.qt--;
             return b.qt < 2 * b.kt;
         }
@@ -301,7 +312,7 @@ int main(int argc, char** argv) {
     const double ideal = ((double)sim.reads + o.overhead * (double)sim.n_blocks) / Simulation::SMS;
     printf("seq %lld, %d KV heads x %d, grid %s (chunks of %lld key tiles)%s, rule %s, sigma %.3f%s, L2 %lld tiles: "
            "time %.0f, %.3f x ideal; L2 hits %.1f%%%s%s\n",
-           (long long)o.seq, o.kv_heads, o.group, o.grid, (long long)o.chunk, o.by_tiles ? " (tiles walk)" : "", o.rule,
+           (long long)o.seq, o.kv_heads, o.group, o.grid, (long long)o.chunk, o.walk == SimOptions::TILES ? " (tiles walk)" : "", o.rule,
            o.sigma, o.stepped ? (", in-step " + std::to_string(o.in_step)).c_str() : "", (long long)o.l2_tiles, end,
            end / ideal, 100.0 * sim.hits / sim.reads, stuck ? "  (DEADLOCK)" : "", sim.docs ? " (documents)" : "");
     if (o.sums) {
