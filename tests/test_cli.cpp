@@ -782,6 +782,9 @@ TEST(Bench, ScheduleModelOfTheDocumentsOrders) {
     Result first = run_command(run + "down 4K,16K,1K,32K,8K,2K 0 1");
     ASSERT_EQ(first.code, 0) << first.output;
     EXPECT_NE(first.output.find("L2 hits 98.6%"), std::string::npos) << first.output;
+    Result walk = run_command(run + "sideways");
+    EXPECT_EQ(walk.code, 2);
+    EXPECT_NE(walk.output.find("WALK is heads, tiles, up-heads or down"), std::string::npos) << walk.output;
     Result bad = run_command(run + "down 4K,100");
     EXPECT_EQ(bad.code, 2);
     EXPECT_NE(bad.output.find("positive multiples of 128"), std::string::npos) << bad.output;
