@@ -29,9 +29,12 @@
 // ahead; WALK=down (the first version): key tiles from the first up, each block walking down
 // from its document's end, its adds after those of the key tile before it. OVERHEAD adds
 // that many time units to every block's start (its K/V load and its dK/dV stores, which short
-// documents' blocks pay often).
+// documents' blocks pay often). GRID=lpt (with DOCS and WALK=down only): the blocks by the length
+// of their walk, longest first, over all documents and KV heads (ties by key tile), so that the
+// blocks of one document start apart instead of together (within a document, longest first is
+// ascending key tiles, the order of its adds).
 //   make build/schedule_sim (part of make all)
-//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [GRID=kt|kv|cW] [L2_TILES=1600] [WALK=heads|tiles|up-heads|down]
+//   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [GRID=kt|kv|cW|lpt] [L2_TILES=1600] [WALK=heads|tiles|up-heads|down]
 //                      [DOCS=-] [OVERHEAD=0] [SUMS=0] [LATENCY=0]
 // Prints the time against the ideal (total work / SMs), the L2 hit rate of the reads, and with
 // SUMS the hit rate of the sums and the DRAM bytes a step moves (a missed Q/dO read 32 KB, a
@@ -163,6 +166,10 @@ static bool parse_sim_options(int argc, char** argv, SimOptions& o) {
         fprintf(stderr, "schedule_sim: SEQ must be a positive multiple of 128, the counts and L2_TILES positive\n");
         return false;
     }
+    if (strcmp(o.grid, "lpt") == 0 && (o.doc_lengths.empty() || o.walk != SimOptions::DOWN)) {
+        fprintf(stderr, "schedule_sim: GRID=lpt takes DOCS and WALK=down (the order of the adds within a document)\n");
+        return false;
+    }
     const int64_t n_kt = o.seq / 128;
     o.chunk = o.grid[0] == 'c' ? std::min<int64_t>(std::max<int64_t>(atoll(o.grid + 1), 1), n_kt)
               : strcmp(o.grid, "kv") == 0 ? n_kt
@@ -177,6 +184,7 @@ struct Simulation {
     const int64_t n_qt, n_kt, n_blocks;
     const bool docs;
     std::vector<int64_t> qt_end;  // per key tile: the query tiles it walks end before this one
+    std::vector<std::pair<int64_t, int>> lpt;  // GRID=lpt: (key tile, KV head) by walk length, longest first
     bool by_tiles() const { return o.walk == SimOptions::TILES; }
     bool up_heads() const { return o.walk == SimOptions::UP_HEADS; }
     bool down() const { return o.walk == SimOptions::DOWN; }
@@ -198,6 +206,11 @@ struct Simulation {
             const int64_t end = std::min(o.seq, at + o.doc_lengths[i % o.doc_lengths.size()]);
             for (int64_t kt = at / 128; kt < (end + 127) / 128; kt++) qt_end[kt] = (end + 63) / 64;
             at = end;
+        }
+        if (strcmp(o.grid, "lpt") == 0) {
+            for (int64_t kt = 0; kt < n_kt; kt++)
+                for (int kv = 0; kv < o.kv_heads; kv++) lpt.push_back({kt, kv});
+            std::stable_sort(lpt.begin(), lpt.end(), [&](auto a, auto b) { return qt_end[a.first] - 2 * a.first > qt_end[b.first] - 2 * b.first; });
         }
     }
 
@@ -252,6 +265,7 @@ struct Simulation {
         const int64_t len = in_full ? o.chunk : n_kt - full * o.chunk;
         b.kv = (int)(r / len), b.kt = c * o.chunk + r % len;
         if (docs && !down()) b.kt = n_kt - 1 - b.kt;  // from the last key tile down
+        if (!lpt.empty()) b.kt = lpt[b.id].first, b.kv = lpt[b.id].second;
         b.qt = docs ? (down() ? qt_end[b.kt] - 1 : 2 * b.kt) : by_tiles() ? n_qt - 1 : 2 * b.kt;
         b.speed = std::max(0.5, speed(rng));
         on_sm[b.kt * o.kv_heads + b.kv] = s;

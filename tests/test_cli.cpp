@@ -782,6 +782,18 @@ TEST(Bench, ScheduleModelOfTheDocumentsOrders) {
     Result first = run_command(run + "down 4K,16K,1K,32K,8K,2K 0 1");
     ASSERT_EQ(first.code, 0) << first.output;
     EXPECT_NE(first.output.find("L2 hits 98.6%"), std::string::npos) << first.output;
+    // The same walk, other grids: key tile by key tile across the KV heads keeps most hits; the
+    // longest walks first over all documents (GRID=lpt) start each document's blocks apart, and
+    // its sums leave L2 between a block and the next.
+    const std::string grid = "build/schedule_sim 131072 8 3 ordered 0.01 6 ";
+    Result kt = run_command(grid + "kt 1600 down 4K,16K,1K,32K,8K,2K 0 1");
+    ASSERT_EQ(kt.code, 0) << kt.output;
+    EXPECT_NE(kt.output.find("1.008 x ideal; L2 hits 93.2%"), std::string::npos) << kt.output;
+    Result lpt = run_command(grid + "lpt 1600 down 4K,16K,1K,32K,8K,2K 0 1");
+    ASSERT_EQ(lpt.code, 0) << lpt.output;
+    EXPECT_NE(lpt.output.find("1.005 x ideal; L2 hits 72.2%"), std::string::npos) << lpt.output;
+    Result unsafe = run_command(grid + "lpt 1600 up-heads 4K,16K,1K,32K,8K,2K 0 1");
+    EXPECT_EQ(unsafe.code, 2) << unsafe.output;
     Result walk = run_command(run + "sideways");
     EXPECT_EQ(walk.code, 2);
     EXPECT_NE(walk.output.find("WALK is heads, tiles, up-heads or down"), std::string::npos) << walk.output;
