@@ -10,6 +10,10 @@
 #   long      build/bench_attention --seqs $LSEQS (1M), one run, unchecked -> attention_1m.jsonl
 #   longtest  test_attention's long case at $LONG_TOKENS (1048653) tokens, checked in float64
 #   mfu       the Llama 3.2 3B 64K training step, auto and fast attention (bench/core_runs.sh's 64k)
+#   documents packed documents ($DOCS, default the mix 4K,16K,1K,32K,8K,2K) in one call: ours and
+#             FlexAttention at 3B 128K and 8B-U8 1M, our causal kernels at both, and one document
+#             over the whole sequence (the causal work through the documents' kernels) -> docs_*.log
+#             (results/attention/documents_same_call/ and docs/attention.md's "Packed documents")
 # SEQS (8K,16K,64K,128K) and SHAPES (3B,8B; 3B-U8,8B-U8 for one of eight Ulysses ranks) apply to
 # bench, torch and separate; BENCH_ARGS goes to build/bench_attention (e.g. --reference).
 set -u
@@ -30,6 +34,16 @@ for part in ${PARTS:-bench torch}; do case $part in
   hopper)   run bench_hopper 120 build/bench_attention_hopper --bench --seqs "${HSEQS:-16K}" ;;
   long)     run bench_1m 400 build/bench_attention --seqs "${LSEQS:-1M}" --shapes "$SHAPES" --reps 1 --warmup 0 --no-check --json "$L/attention_1m.jsonl" ;;
   mfu)      OUT="$L" PARTS=64k bash bench/core_runs.sh ;;
+  documents)
+            D=${DOCS:-4K,16K,1K,32K,8K,2K}; ONE=(--no-check --reps 5 --warmup 1)
+            run docs_3b_128k 120 build/bench_attention --shapes 3B --seqs 128K --docs "$D" --json "$L/docs_3b_128k.jsonl"
+            run docs_flex_3b_128k 200 python3 bench/attention_vs_torch.py --docs "$D" --seqs 128K --shapes 3B --reps 5 --flex-only --json "$L/docs_flex_3b_128k.json"
+            run docs_causal_3b_128k 120 build/bench_attention --shapes 3B --seqs 128K --json "$L/docs_causal_3b_128k.jsonl"
+            run docs_one_3b_128k 120 build/bench_attention --shapes 3B --seqs 128K --docs 128K --no-check --json "$L/docs_one_3b_128k.jsonl"
+            run docs_8bu8_1m 120 build/bench_attention --shapes 8B-U8 --seqs 1M --docs "$D" "${ONE[@]}" --json "$L/docs_8bu8_1m.jsonl"
+            run docs_flex_8bu8_1m 200 python3 bench/attention_vs_torch.py --docs "$D" --seqs 1M --shapes 8B-U8 --reps 3 --flex-only --json "$L/docs_flex_8bu8_1m.json"
+            run docs_causal_8bu8_1m 200 build/bench_attention --shapes 8B-U8 --seqs 1M --no-check --reps 3 --warmup 1 --json "$L/docs_causal_8bu8_1m.jsonl"
+            run docs_one_8bu8_1m 120 build/bench_attention --shapes 8B-U8 --seqs 1M --docs 1M --no-check --reps 3 --warmup 1 --json "$L/docs_one_8bu8_1m.jsonl" ;;
   longtest) run test_attention_long 400 env TEST_ATTENTION_LONG_TOKENS="${LONG_TOKENS:-1048653}" build/tests/test_attention --gtest_filter='Kernels/AttentionLong.*' ;;
-  *)        echo "attention_gpu.sh: unknown part '$part' (bench torch separate hopper long longtest mfu)" >&2; exit 2 ;;
+  *)        echo "attention_gpu.sh: unknown part '$part' (bench torch separate hopper long longtest mfu documents)" >&2; exit 2 ;;
 esac; done
