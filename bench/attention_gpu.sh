@@ -35,12 +35,12 @@ for part in ${PARTS:-bench torch}; do case $part in
   long)     run bench_1m 400 build/bench_attention --seqs "${LSEQS:-1M}" --shapes "$SHAPES" --reps 1 --warmup 0 --no-check --json "$L/attention_1m.jsonl" ;;
   mfu)      OUT="$L" PARTS=64k bash bench/core_runs.sh ;;
   documents)
-            D=${DOCS:-4K,16K,1K,32K,8K,2K}; ONE=(--no-check --reps 5 --warmup 1)
+            D=${DOCS:-4K,16K,1K,32K,8K,2K}
             run docs_3b_128k 120 build/bench_attention --shapes 3B --seqs 128K --docs "$D" --json "$L/docs_3b_128k.jsonl"
             run docs_flex_3b_128k 200 python3 bench/attention_vs_torch.py --docs "$D" --seqs 128K --shapes 3B --reps 5 --flex-only --json "$L/docs_flex_3b_128k.json"
             run docs_causal_3b_128k 120 build/bench_attention --shapes 3B --seqs 128K --json "$L/docs_causal_3b_128k.jsonl"
             run docs_one_3b_128k 120 build/bench_attention --shapes 3B --seqs 128K --docs 128K --no-check --json "$L/docs_one_3b_128k.jsonl"
-            run docs_8bu8_1m 120 build/bench_attention --shapes 8B-U8 --seqs 1M --docs "$D" "${ONE[@]}" --json "$L/docs_8bu8_1m.jsonl"
+            run docs_8bu8_1m 120 build/bench_attention --shapes 8B-U8 --seqs 1M --docs "$D" --no-check --reps 5 --warmup 1 --json "$L/docs_8bu8_1m.jsonl"
             run docs_flex_8bu8_1m 200 python3 bench/attention_vs_torch.py --docs "$D" --seqs 1M --shapes 8B-U8 --reps 3 --flex-only --json "$L/docs_flex_8bu8_1m.json"
             run docs_causal_8bu8_1m 200 build/bench_attention --shapes 8B-U8 --seqs 1M --no-check --reps 3 --warmup 1 --json "$L/docs_causal_8bu8_1m.jsonl"
             run docs_one_8bu8_1m 120 build/bench_attention --shapes 8B-U8 --seqs 1M --docs 1M --no-check --reps 3 --warmup 1 --json "$L/docs_one_8bu8_1m.jsonl" ;;

@@ -252,20 +252,27 @@ struct Simulation {
             if (n && n->waiting) try_go((int)(n - sm.data()), t, o.latency);
         }
     }
-    // The next block of the grid on SM s. Chunk c holds key tiles c*chunk.. (the last chunk may
-    // be shorter), KV head by KV head.
-    void start(int s, double t) {
-        Block& b = sm[s];
-        b.id = -1;
-        if (next_block >= n_blocks) return;
-        b.id = next_block++, b.head = 0;
+    // Block b.id's key tile and KV head: GRID=lpt from its table; else chunk c holds key tiles
+    // c*chunk.. (the last chunk may be shorter), KV head by KV head.
+    void place(Block& b) const {
+        if (!lpt.empty()) {
+            b.kt = lpt[b.id].first, b.kv = lpt[b.id].second;
+            return;
+        }
         const int64_t full = n_kt / o.chunk, per_chunk = o.chunk * o.kv_heads;
         const bool in_full = b.id < full * per_chunk;
         const int64_t c = in_full ? b.id / per_chunk : full, r = in_full ? b.id % per_chunk : b.id - full * per_chunk;
         const int64_t len = in_full ? o.chunk : n_kt - full * o.chunk;
         b.kv = (int)(r / len), b.kt = c * o.chunk + r % len;
         if (docs && !down()) b.kt = n_kt - 1 - b.kt;  // from the last key tile down
-        if (!lpt.empty()) b.kt = lpt[b.id].first, b.kv = lpt[b.id].second;
+    }
+    // The next block of the grid on SM s.
+    void start(int s, double t) {
+        Block& b = sm[s];
+        b.id = -1;
+        if (next_block >= n_blocks) return;
+        b.id = next_block++, b.head = 0;
+        place(b);
         b.qt = docs ? (down() ? qt_end[b.kt] - 1 : 2 * b.kt) : by_tiles() ? n_qt - 1 : 2 * b.kt;
         b.speed = std::max(0.5, speed(rng));
         on_sm[b.kt * o.kv_heads + b.kv] = s;
