@@ -21,18 +21,18 @@
 //             next key tile while that one runs in the same query head (an experiment, not in
 //             the kernel)
 // With DOCS (packed documents of these lengths, repeating, e.g. 4K,16K,1K,32K,8K,2K), the fused
-// kernel's document orders instead: key tiles from the last down, each block walking up from its
-// diagonal to its document's end, its adds after those of the key tile after it (ordered: a
-// block waits before a tile that block has not passed). WALK=up-heads (the kernel's): each block
-// walks one query head's tiles after another, so the block before reaches a tile 2 (head + 1)
-// steps ahead; WALK=tiles or heads (its previous walk): all heads of a tile in turn, 2 GROUP steps
-// ahead; WALK=down (the first version): key tiles from the first up, each block walking down
-// from its document's end, its adds after those of the key tile before it. OVERHEAD adds
-// that many time units to every block's start (its K/V load and its dK/dV stores, which short
-// documents' blocks pay often). GRID=lpt (with DOCS and WALK=down only): the blocks by the length
-// of their walk, longest first, over all documents and KV heads (ties by key tile), so that the
-// blocks of one document start apart instead of together (within a document, longest first is
-// ascending key tiles, the order of its adds).
+// kernel's document orders instead. WALK=down (the kernel's): key tiles from the first up, each
+// block walking down from its document's end, all heads of a tile in turn, its adds after those
+// of the key tile before it (ordered: a block waits before a tile that block has not passed).
+// WALK=up-heads and WALK=tiles or heads (two earlier versions): key tiles from the last down, each
+// block walking up from its diagonal to its document's end, its adds after those of the key tile
+// after it; up-heads walks one query head's tiles after another, so the block before reaches a
+// tile 2 (head + 1) steps ahead, tiles or heads all heads of a tile in turn, 2 GROUP steps ahead.
+// OVERHEAD adds that many time units to every block's start (its K/V load and its dK/dV stores,
+// which short documents' blocks pay often). GRID=lpt (with DOCS and WALK=down only): the blocks
+// by the length of their walk, longest first, over all documents and KV heads (ties by key tile),
+// so that the blocks of one document start apart instead of together (within a document, longest
+// first is ascending key tiles, the order of its adds).
 //   make build/schedule_sim (part of make all)
 //   build/schedule_sim SEQ [KV_HEADS=8] [GROUP=3] [RULE=any] [SIGMA=0.01] [IN_STEP=6] [GRID=kt|kv|cW|lpt] [L2_TILES=1600] [WALK=heads|tiles|up-heads|down]
 //                      [DOCS=-] [OVERHEAD=0] [SUMS=0] [LATENCY=0]
@@ -135,7 +135,7 @@ static bool parse_sim_options(int argc, char** argv, SimOptions& o) {
         const std::string w = argv[9];
         if (w == "tiles") o.walk = SimOptions::TILES;
         else if (w == "up-heads") o.walk = SimOptions::UP_HEADS;
-        else if (w == "down") o.walk = SimOptions::DOWN;  // with DOCS: the first version's order
+        else if (w == "down") o.walk = SimOptions::DOWN;  // with DOCS: the kernel's order
         else if (w != "heads") {
             fprintf(stderr, "schedule_sim: WALK is heads, tiles, up-heads or down, got '%s'\n", argv[9]);
             return false;

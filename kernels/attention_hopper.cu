@@ -309,13 +309,12 @@ struct Ring {
 
 // The order in which a dK/dV block walks its steps (query head of the GQA group, 64-row query
 // tile at or after its keys). By heads: each head's tiles from the diagonal up, head after head.
-// By tiles (the fused kernel, causal): from the last query tile down to the diagonal, all heads of a tile
-// in turn. Then every block walks the tiles it shares with the block of the key tile before in
-// the same order and at the same step, the two diagonal tiles that only the block before has
-// coming after all of them; so with the ordered adds, a block started with the one before never
-// waits for it by more than one add. By heads, it waits two steps at every head's start.
-// With documents the fused kernel walks by heads too, and adds by descending key tile
-// (dkdv_kernel, warp 1): a block's tiles then stay in L2 for the block of the key tile before.
+// By tiles (the fused kernel): from the last query tile (of its keys' document) down to the
+// diagonal, all heads of a tile in turn. Then every block walks the tiles it shares with the
+// block of the key tile before in the same order and at the same step, the two diagonal tiles
+// that only the block before has coming after all of them; so with the ordered adds, a block
+// started with the one before never waits for it by more than one add. By heads, it waits two
+// steps at every head's start.
 template <bool BY_TILES>
 struct Walk {
     int head = 0;
@@ -651,13 +650,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     // Block -> (key tile, KV head, batch). Early key tiles first (they see the most queries):
     // KV head by KV head from 16K tokens (p.kv_major: the blocks running at once walk one KV
     // head's query tiles and share them in L2), else key tile by key tile across the heads.
-    // With documents the fused kernel starts from the last key tiles (its adds go by descending
-    // key tile, below).
     const int64_t chains = (int64_t)p.n_kv_heads * p.batch;
     const int64_t chain = p.kv_major ? blockIdx.x / p.n_tiles : blockIdx.x % chains;
     const int64_t in_chain = p.kv_major ? blockIdx.x % p.n_tiles : blockIdx.x / chains;
-    const int64_t k_tile = FUSED_DQ && DOCS ? p.n_tiles - 1 - in_chain : in_chain;
-    constexpr bool BY_TILES = FUSED_DQ && !DOCS;  // the order of the steps (Walk)
+    const int64_t k_tile = in_chain;
+    constexpr bool BY_TILES = FUSED_DQ;  // the order of the steps (Walk)
     const int kvh = (int)(chain % p.n_kv_heads), b = (int)(chain / p.n_kv_heads);
     const int64_t k0 = k_tile * 128;
     const int64_t first_qt = k0 / BQ, n_qt = (p.seq + BQ - 1) / BQ;
@@ -693,25 +690,19 @@ __global__ void __launch_bounds__(THREADS, 1)
             // blocks would wait for blocks that cannot start until they finish.)
             // With documents a query tile's adders are the key tiles from the one holding its
             // first row's first key to the diagonal (a key tile reaches the tile unless its last
-            // key's document ends before it, and then so do the tiles before it). Walking down
-            // from each document's end, a block would wait for the one before at every step, all
-            // of them starting together: the j-th tile of a document would idle j adds, more than
-            // a short document's blocks work. So the adds go by descending key tile (rank: the
-            // diagonal's key tile less this one), the grid starts from the last key tiles (a
-            // block waits only for blocks started before it, as above), and blocks walk up from
-            // their diagonal head after head: a block reaches each tile of head h 2 (h + 1) steps
-            // later than the block of the key tile after it, which started first, so where both
-            // blocks' keys end in one document none waits in the steady state. Head after head
-            // rather than all heads of a tile in turn (2 x group steps), because more of the sums
-            // are still in L2 when the next adder comes (docs/attention.md).)
+            // key's document ends before it, and then so do the tiles before it), so a block's
+            // rank at a tile is its key tile less that first one. The first keys come from a
+            // cursor that steps back a document at a time as the walk goes down: a binary
+            // search per step, a chain of dependent loads, would hold up every add.)
             int* counts = (int*)(p.dq_accum + dq_sum_floats(p.batch, p.n_heads, n_qt));
             uint32_t parity = 0;
             Walk<BY_TILES> walk(first_qt, qt_end, p.group);
+            FirstKeyWalkingDown first_key(docs, b, walk.qt * BQ);
             for (int64_t step = 0; step < n_steps; step++, walk.next(), parity ^= 1) {
                 const int64_t tile = ((int64_t)b * p.n_heads + kvh * p.group + walk.head) * n_qt + walk.qt;
                 float* dst = p.dq_accum + tile * (BQ * HD);
                 int* count = counts + tile;
-                const int rank = (int)(DOCS ? walk.qt / 2 - k_tile : k_tile);  // walk.qt / 2: the diagonal's key tile
+                const int rank = (int)(k_tile - (DOCS ? first_key(walk.qt * BQ) / 128 : 0));
                 mbar_wait(dq_full(0), parity);
                 wait_count(count, rank);
                 bulk_reduce_add(dst, sdQ, DQ_ACC_TILE);

@@ -49,3 +49,21 @@ struct DocumentView {
     // Whether row `row`, whose document's first key is `first`, sees key `key`.
     __host__ __device__ static bool sees(int64_t row, int64_t first, int64_t key) { return key <= row && key >= first; }
 };
+
+// The first keys of rows visited from the last down (the fused backward's adds walk down from a
+// document's end): one search for the first row, then a step back to the document before whenever
+// a row precedes the current one's start, so no search per step.
+struct FirstKeyWalkingDown {
+    const DocumentView& docs;
+    const int64_t base;
+    int64_t index = 0, first = 0;  // the current document and its start, flat
+    __device__ FirstKeyWalkingDown(const DocumentView& d, int b, int64_t row) : docs(d), base((int64_t)b * d.seq) {
+        if (d.on()) index = d.index_of(base + row), first = d.start[index];
+    }
+    __device__ int64_t operator()(int64_t row) {
+        if (!docs.on()) return 0;
+        while (base + row < first) first = docs.start[--index];
+        return first - base;
+    }
+};
+

@@ -760,13 +760,14 @@ TEST(Bench, NcuWavefrontsSumsBySassOpcode) {
 }
 
 // bench/schedule_sim.cpp, the model behind docs/attention.md's leads for the fused backward with
-// documents (3B heads at 128K): with the fp32 dQ sums in L2, the kernel's walk (head after head)
-// hits 60.5%, its previous walk (all heads of a tile in turn) a third, its blocks spread over a
-// document's query tiles; the first order keeps a document's blocks on one tile. The figures are the ones docs/attention.md quotes.
+// documents (3B heads at 128K): with the fp32 dQ sums in L2, the kernel's walk (down from each
+// document's end) keeps a document's blocks on one tile (98.6%); the two earlier walks up from the
+// diagonal hit 60.5% (head after head) and a third (all heads of a tile in turn), their blocks
+// spread over a document's query tiles. The figures are the ones docs/attention.md quotes.
 TEST(Bench, ScheduleModelOfTheDocumentsOrders) {
     if (!std::ifstream("build/schedule_sim").good()) GTEST_SKIP() << "build/schedule_sim not built";
     const std::string run = "build/schedule_sim 131072 8 3 ordered 0.01 6 kv 1600 ";
-    Result heads = run_command(run + "up-heads 4K,16K,1K,32K,8K,2K 0 1");  // the kernel's walk
+    Result heads = run_command(run + "up-heads 4K,16K,1K,32K,8K,2K 0 1");  // an earlier walk
     ASSERT_EQ(heads.code, 0) << heads.output;
     EXPECT_NE(heads.output.find("1.016 x ideal; L2 hits 60.5%"), std::string::npos) << heads.output;
     EXPECT_NE(heads.output.find("DRAM per step 38.0 KB"), std::string::npos) << heads.output;
@@ -775,11 +776,11 @@ TEST(Bench, ScheduleModelOfTheDocumentsOrders) {
     ASSERT_EQ(last.code, 0) << last.output;
     EXPECT_NE(last.output.find("sums: L2 hits 98.8%; DRAM per step 32.5 KB (Q/dO 31.7, sums 0.7)"), std::string::npos)
         << last.output;
-    Result tiles = run_command(run + "tiles 4K,16K,1K,32K,8K,2K 0 1");  // its previous walk
+    Result tiles = run_command(run + "tiles 4K,16K,1K,32K,8K,2K 0 1");  // the walk before it
     ASSERT_EQ(tiles.code, 0) << tiles.output;
     EXPECT_NE(tiles.output.find("1.016 x ideal; L2 hits 32.9%"), std::string::npos) << tiles.output;
     EXPECT_NE(tiles.output.find("DRAM per step 64.4 KB"), std::string::npos) << tiles.output;
-    Result first = run_command(run + "down 4K,16K,1K,32K,8K,2K 0 1");
+    Result first = run_command(run + "down 4K,16K,1K,32K,8K,2K 0 1");  // the kernel's walk
     ASSERT_EQ(first.code, 0) << first.output;
     EXPECT_NE(first.output.find("L2 hits 98.6%"), std::string::npos) << first.output;
     // The same walk, other grids: key tile by key tile across the KV heads keeps most hits; the
