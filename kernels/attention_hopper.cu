@@ -652,8 +652,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // head's query tiles and share them in L2), else key tile by key tile across the heads.
     const int64_t chains = (int64_t)p.n_kv_heads * p.batch;
     const int64_t chain = p.kv_major ? blockIdx.x / p.n_tiles : blockIdx.x % chains;
-    const int64_t in_chain = p.kv_major ? blockIdx.x % p.n_tiles : blockIdx.x / chains;
-    const int64_t k_tile = in_chain;
+    const int64_t k_tile = p.kv_major ? blockIdx.x % p.n_tiles : blockIdx.x / chains;
     constexpr bool BY_TILES = FUSED_DQ;  // the order of the steps (Walk)
     const int kvh = (int)(chain % p.n_kv_heads), b = (int)(chain / p.n_kv_heads);
     const int64_t k0 = k_tile * 128;

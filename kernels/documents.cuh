@@ -57,10 +57,10 @@ struct FirstKeyWalkingDown {
     const DocumentView& docs;
     const int64_t base;
     int64_t index = 0, first = 0;  // the current document and its start, flat
-    __device__ FirstKeyWalkingDown(const DocumentView& d, int b, int64_t row) : docs(d), base((int64_t)b * d.seq) {
+    __host__ __device__ FirstKeyWalkingDown(const DocumentView& d, int b, int64_t row) : docs(d), base((int64_t)b * d.seq) {
         if (d.on()) index = d.index_of(base + row), first = d.start[index];
     }
-    __device__ int64_t operator()(int64_t row) {
+    __host__ __device__ int64_t operator()(int64_t row) {
         if (!docs.on()) return 0;
         while (base + row < first) first = docs.start[--index];
         return first - base;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../infra/common.h"
+#include "../kernels/documents.cuh"
 #include "reference.h"
 #include "test_util.h"
 
@@ -842,6 +843,33 @@ TEST(RefModel, LossAtTinyInitIsLogV) {
     const auto params = random_params(c, rng, 1e-4);
     const Batch b = random_batch(c, 2, 16, rng);
     EXPECT_NEAR(loss_of(c, params, b), std::log((double)c.vocab), 1e-4);
+}
+
+// kernels/documents.cuh on the host: the cursor through which the fused backward's adder reads
+// each step's first key, walking rows down, gives what the binary search gives, on random
+// documents of two sequences (one-token documents, several starts in one 64-row tile, long ones),
+// from random first rows in random strides; without documents it gives 0.
+TEST(Documents, FirstKeyCursorWalkingDownMatchesTheSearch) {
+    SEEDED_RNG(rng);
+    for (int trial = 0; trial < 200; trial++) {
+        const int64_t seq = 1 + (int64_t)(rng() % 3000), batch = 2;
+        std::vector<int64_t> start;
+        for (int64_t b = 0; b < batch; b++)
+            for (int64_t at = b * seq; at < (b + 1) * seq;) {
+                start.push_back(at);
+                const int kind = (int)(rng() % 3);  // gaps of 1, up to 8, up to 400 tokens
+                at += kind == 0 ? 1 : 1 + (int64_t)(rng() % (kind == 1 ? 8 : 400));
+            }
+        const DocumentView docs(AttentionDocs{start.data(), (int64_t)start.size()}, seq);
+        const int b = (int)(rng() % batch);
+        const int64_t first_row = (int64_t)(rng() % seq), stride = 1 + (int64_t)(rng() % 70);
+        FirstKeyWalkingDown first_key(docs, b, first_row);
+        for (int64_t row = first_row; row >= 0; row -= stride)
+            ASSERT_EQ(first_key(row), docs.first_key(b, row)) << "seq " << seq << " b " << b << " row " << row;
+        const DocumentView none(AttentionDocs{}, seq);
+        FirstKeyWalkingDown no_documents(none, b, first_row);
+        EXPECT_EQ(no_documents(first_row), 0);
+    }
 }
 
 }  // namespace
