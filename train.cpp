@@ -149,6 +149,14 @@ static const std::vector<Flag> FLAGS = {
      [](Options& o, V f, V v) { o.grad_clip = parse_double(f, v, 0.0, 1e9); }},
     {"--nproc", Takes::VALUE, " N", 2, "start N processes, one per visible GPU (under mpirun/srun: leave out, ranks come from them)",
      [](Options& o, V f, V v) { o.nproc = (int)parse_int(f, v, 1, 4096), o.gpus_given = true; }},
+    {"--comm", Takes::VALUE, " nccl|host", 2,
+     "how --nproc's processes exchange data: nccl (default), one GPU each; or host, through shared\n"
+     "host memory, so that the processes share the visible GPUs, each given an equal part of its\n"
+     "GPU (the multi-process path on a machine with one GPU; slow, bit-reproducible)",
+     [](Options& o, V f, V v) {
+         if (v != "nccl" && v != "host") usage_error(f + " must be nccl or host, got '" + v + "'");
+         o.host_comm = v == "host";
+     }},
     {"--sim-world", Takes::VALUE, " N", 2,
      "run rank 0's exact share of an N-GPU run on this one GPU (memory and compute per GPU;\n"
      "collectives become local copies, the loss is meaningless)",
@@ -338,6 +346,7 @@ static void check_options(Options& o) {
     if ((o.measure_layers || o.confirm_longest) && !o.ladder)
         usage_error("--measure-layers and --confirm-longest go with --ladder");
     if (o.nproc > 1 && o.sim_world > 1) usage_error("--nproc and --sim-world exclude each other");
+    if (o.host_comm && o.sim_world > 1) usage_error("--comm host runs real ranks: --sim-world emulates them");
     if (o.sim_world > 1 && (!o.save_to.empty() || !o.dump_path.empty()))
         usage_error("--sim-world runs rank 0's share alone: the other ranks' weights and gradients do not exist, "
                     "so --save-to and --dump have nothing whole to write");
@@ -627,6 +636,7 @@ struct Run {
     cudaStream_t stream = nullptr;
     double nccl_gib = 0;
     bool fast_attention = false;
+    double last_loss = NAN;  // the last step's
     std::unique_ptr<TokenFile> token_file, eval_file;
     EvalSet eval;  // --eval-data's windows
     FILE* log = nullptr;
@@ -682,6 +692,16 @@ static void plan_run(Run& r) {
     r.step_tokens = (int64_t)o.batch * r.dp * o.seq_len;
 }
 
+// The run's ranks and how they exchange data, for the run line.
+static std::string ranks_text(const Run& r) {
+    const std::string n = std::to_string(r.world);
+    if (r.simulated) return n + " GPUs simulated (--sim-world: this is rank 0's share)";
+    if (r.world == 1) return "1 GPU";
+    if (r.o.host_comm)
+        return n + " ranks, one process each, sharing the visible GPUs (--comm host: collectives through host shared memory)";
+    return n + " GPUs, one process each (NCCL)";
+}
+
 static void print_run(const Run& r) {
     const LlamaConfig& c = r.cfg;
     const Options& o = r.o;
@@ -689,8 +709,8 @@ static void print_run(const Run& r) {
            c.name.c_str(), c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab,
            c.tied_embeddings ? "tied" : "untied", count_params(c) / 1e9,
            c.qk_norm() ? ", Qwen3 (q and k normalized per head)" : "");
-    printf("run: %d GPU%s%s; step: %lld tokens (%d x %lld per sequence), %lld on each GPU, %.3g FLOP per GPU\n",
-           r.world, r.world > 1 ? "s" : "", r.simulated ? " simulated (--sim-world: this is rank 0's share)" : "",
+    printf("run: %s; step: %lld tokens (%d x %lld per sequence), %lld on each GPU, %.3g FLOP per GPU\n",
+           ranks_text(r).c_str(),
            (long long)r.step_tokens, o.batch * r.dp, (long long)o.seq_len, (long long)r.m.shape.tokens(),
            model_step_flops(c, r.m.shape));
     std::string flags = technique_flags(o.step);
@@ -841,7 +861,7 @@ static void open_inputs(Run& r) {
 // other kernels and protocols by size, and loads each kernel at its first use): NCCL's memory
 // then belongs to the runtime's share, measured, not hidden in our figures.
 static void warm_up(Comm* comm, cudaStream_t s, double timeout_s) {
-    if (comm->simulated || comm->world == 1) return;
+    if (comm->transport != Transport::NCCL) return;
     for (int64_t n : {(int64_t)1024, (int64_t)1 << 24}) {
         float* buf = nullptr;
         const int64_t w = comm->world;
@@ -877,7 +897,9 @@ static void open_gpu(Run& r) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
     size_t free_before_comm = 0, free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_before_comm, &total_b));
-    if (r.launch.world > 1)
+    if (r.launch.world > 1 && o.host_comm)
+        m.comm = comm_host(r.rank, r.world, r.launch.host_comm_fd, o.comm_timeout_s);
+    else if (r.launch.world > 1)
         m.comm = comm_nccl(r.rank, r.world, r.launch.listen_fd, r.launch.master_addr, r.launch.master_port,
                            o.comm_timeout_s);
     else
@@ -888,10 +910,16 @@ static void open_gpu(Run& r) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
     warm_up(m.comm, r.stream, o.comm_timeout_s);  // each on the stream the step uses it on
     warm_up(m.comm_fsdp, m.comm_stream, o.comm_timeout_s);
+    // Ranks that share this GPU (--comm host, the ranks dealt to the GPUs in turn) each count an
+    // equal part of it, measured while every rank's context is up and none has allocated yet.
+    dm.sharing = o.host_comm ? (r.world - dm.device + n_dev - 1) / n_dev : 1;
+    if (dm.sharing > 1) m.comm->barrier();
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (dm.sharing > 1) m.comm->barrier();
     r.nccl_gib = ((double)free_before_comm - (double)free_b) / GiB;  // NCCL's buffers
-    dm.total_bytes = (int64_t)total_b;
-    dm.runtime_bytes = (int64_t)(total_b - free_b);
+    if (m.comm->transport != Transport::NCCL) r.nccl_gib = 0;
+    dm.total_bytes = (int64_t)total_b / dm.sharing;
+    dm.runtime_bytes = (int64_t)(total_b - free_b) / dm.sharing;
     dm.cap_bytes = o.mem_cap_gib > 0 ? std::min<int64_t>((int64_t)(o.mem_cap_gib * GiB), dm.total_bytes)
                                      : dm.total_bytes;
     // Emulating rank 0 of N: the cap also holds the NCCL buffers that rank would have (the
@@ -949,9 +977,10 @@ static void keep_attention_on_device(Run& r) {
 static void print_gpu(const Run& r) {
     const Options& o = r.o;
     const DeviceMemory& dm = r.dm;
-    printf("GPU: %s, %.1f GiB%s; runtime uses %.2f GiB before our first allocation (CUDA context and cuBLAS "
+    const std::string shared = dm.sharing > 1 ? " (its part of a GPU shared by " + std::to_string(dm.sharing) + " ranks)" : "";
+    printf("GPU: %s, %.1f GiB%s%s; runtime uses %.2f GiB before our first allocation (CUDA context and cuBLAS "
            "%.2f, NCCL %.2f)\n",
-           r.prop.name, dm.total_bytes / GiB,
+           r.prop.name, dm.total_bytes / GiB, shared.c_str(),
            o.mem_cap_gib > 0 ? (", capped at " + std::to_string(o.mem_cap_gib).substr(0, 6) + " GiB").c_str() : "",
            dm.runtime_bytes / GiB, dm.runtime_bytes / GiB - r.nccl_gib, r.nccl_gib);
     printf("%s", plan_text(r.arena, r.host_bytes, dm.runtime_bytes / GiB, true).c_str());
@@ -1004,19 +1033,26 @@ static void open_log(Run& r) {
     const std::string memory = json_memory(r.arena, r.host_bytes);
     fprintf(r.log,
             "{\"type\": \"setup\", \"command\": \"%s\", \"gpu\": \"%s\", \"config\": \"%s\", \"layers\": %d, "
-            "\"seq_len\": %lld, \"batch\": %d, \"world\": %d, \"simulated\": %s, \"local_tokens\": %lld, "
+            "\"seq_len\": %lld, \"batch\": %d, \"world\": %d, \"simulated\": %s, \"comm\": \"%s\", \"gpu_shared_by\": %d, "
+            "\"local_tokens\": %lld, "
             "\"params\": %lld, \"attention\": \"%s\", \"plan_gib\": %s, \"runtime_gib\": %.4f, \"nccl_gib\": %.4f, "
             "\"cap_gib\": %.3f, \"attention_kept_on_host\": %d, \"attention_kept_on_device\": %d, "
             "\"inputs_rebuilt\": %d}\n",
             json_escape(command_line(o)).c_str(), r.prop.name, r.cfg.name.c_str(), r.cfg.n_layers, (long long)o.seq_len,
-            o.batch, r.world, r.simulated ? "true" : "false", (long long)r.m.shape.tokens(),
+            o.batch, r.world, r.simulated ? "true" : "false", transport_name(r.m.comm->transport), dm.sharing,
+            (long long)r.m.shape.tokens(),
             (long long)count_params(r.cfg),
             !r.fast_attention ? "reference" : o.step.fused_attention ? "hopper-fused" : "hopper", memory.c_str(),
             dm.runtime_bytes / GiB, r.nccl_gib, dm.cap_bytes / GiB, r.m.plan.att_host_layers, r.m.plan.att_device_layers,
             r.m.plan.x_rebuilt_layers);
     CUDA_CHECK(cudaDeviceSynchronize());
-    fprintf(r.log, "{\"type\": \"allocated\", \"memory_gib\": %s, \"runtime_gib\": %.4f, \"driver_gib\": %.4f}\n",
-            memory.c_str(), dm.runtime_bytes / GiB, dm.driver_used_bytes() / GiB);
+    std::string bytes;  // the same, exact: ranks and --sim-world compared byte for byte
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++)
+        bytes += std::string(c ? ", " : "") + "\"" + mem_category_name(c) + "\": " + std::to_string(r.arena.category_bytes(c));
+    fprintf(r.log,
+            "{\"type\": \"allocated\", \"memory_gib\": %s, \"memory_bytes\": {%s}, \"runtime_gib\": %.4f, "
+            "\"driver_gib\": %.4f}\n",
+            memory.c_str(), bytes.c_str(), dm.runtime_bytes / GiB, dm.driver_used_bytes() / GiB);
     fflush(r.log);
 }
 
@@ -1143,7 +1179,7 @@ static void train_steps(Run& r, SyntheticData& data, int first_step) {
         const StepReport s{step + 1, n_valid > 0 ? m.host_scalars[0] / n_valid : 0.0, opt.lr,
                            std::sqrt(m.host_scalars[1]), ms / 1000.0,
                            o.step.doc_mask ? document_attention_share(docs, o.seq_len, m.shape.batch) : 1.0};
-        last_step_s = s.seconds;
+        last_step_s = s.seconds, r.last_loss = s.loss;
         if (!std::isfinite(s.loss) && !r.simulated) runtime_error("loss is not finite at step " + std::to_string(s.step));
         if (o.state_every && (s.step % o.state_every == 0 || s.step == o.steps))
             save_train_state(m, o.state_dir, s.step, data.state, r.stream, o.comm_timeout_s);
@@ -1154,9 +1190,33 @@ static void train_steps(Run& r, SyntheticData& data, int first_step) {
     CUDA_CHECK(cudaEventDestroy(ev1));
 }
 
+// Several processes: each rank's last loss and memory, from its own process, in one table that
+// rank 0 prints (each rank writes its row of a table summed over the ranks).
+static void print_ranks(Run& r) {
+    if (r.world == 1 || r.simulated || std::isnan(r.last_loss)) return;  // no step ran (--eval-only, --steps 0)
+    constexpr int COLUMNS = 3 + MEM_NUM_CATEGORIES;
+    std::vector<float> table((size_t)r.world * COLUMNS, 0.f);
+    float* row = &table[(size_t)r.rank * COLUMNS];
+    row[0] = (float)getpid(), row[1] = (float)r.last_loss, row[2] = (float)(r.dm.driver_used_bytes() / GiB);
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++) row[3 + c] = (float)(r.arena.category_bytes(c) / GiB);
+    sum_over_ranks(r.m.comm, table, r.stream, r.o.comm_timeout_s);
+    if (!r.lead) return;
+    printf("ranks (GiB; driver: the GPU's used memory%s):\n  rank  process  last loss", r.dm.sharing > 1 ? ", its part" : "");
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++) printf(" %9s", mem_category_name(c));
+    printf("    driver\n");
+    for (int k = 0; k < r.world; k++) {
+        const float* x = &table[(size_t)k * COLUMNS];
+        printf("  %4d %8.0f %10.4f", k, x[0], x[1]);
+        for (int c = 0; c < MEM_NUM_CATEGORIES; c++) printf(" %9.3f", x[3 + c]);
+        printf(" %9.3f\n", x[2]);
+    }
+    fflush(stdout);
+}
+
 // After the last step: the files asked for, then the GPU's resources back.
 static void finish(Run& r) {
     const Options& o = r.o;
+    print_ranks(r);
     if (r.log) fclose(r.log);
     if (r.lead && !o.timeline_path.empty()) write_timeline(o.timeline_path, timeline_read(r.m));
     if (r.lead && !o.mem_trace_path.empty())
@@ -1210,11 +1270,13 @@ static void check_before_launch(const Options& o) {
     check_host_memory(r);
     open_inputs(r);
     const int visible = visible_gpus();  // none: each process says so in one line (no_gpu_error)
-    if (visible > 0 && visible < o.nproc)
+    if (visible > 0 && visible < o.nproc && !o.host_comm)
         usage_error("--nproc " + std::to_string(o.nproc) + " starts one process per GPU, but this machine shows " +
                     std::to_string(visible) + " GPU" + (visible > 1 ? "s" : "") +
-                    " (CUDA_VISIBLE_DEVICES); --sim-world " + std::to_string(o.nproc) +
-                    " runs rank 0's share of that many on one");
+                    " (CUDA_VISIBLE_DEVICES); --comm host runs the processes on fewer GPUs, --sim-world " +
+                    std::to_string(o.nproc) + " runs rank 0's share of that many on one");
+    if (o.host_comm && o.nproc > HOST_COMM_MAX_RANKS)
+        usage_error("--comm host runs at most " + std::to_string(HOST_COMM_MAX_RANKS) + " processes");
 }
 
 int train_main(int argc, char** argv) {
@@ -1234,11 +1296,15 @@ int train_main(int argc, char** argv) {
         if (o.nproc > 1 && launch.world > 1 && o.nproc != launch.world)
             usage_error("--nproc " + std::to_string(o.nproc) + " but the launcher started " +
                         std::to_string(launch.world) + " processes; under mpirun or srun leave --nproc out");
+        if (o.host_comm && launch.world > 1 && launch.host_comm_fd < 0)
+            usage_error("--comm host runs among the processes that ./train --nproc N starts: under mpirun or srun "
+                        "leave it out");
+        if (o.host_comm && launch.world == 1 && o.nproc < 2) usage_error("--comm host needs --nproc N, N of 2 or more");
         check_output_paths(o, launch.rank == 0);
         if (o.ladder) return ladder_main(o);
         if (o.nproc > 1 && launch.world == 1 && !o.plan) {
             check_before_launch(o);
-            return launch_local(o.nproc, argv);
+            return launch_local(o.nproc, argv, o.host_comm);
         }
         return run(o, launch);
     } catch (const Fatal& f) {

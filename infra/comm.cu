@@ -5,6 +5,11 @@
 //              others over a TCP socket: no shared filesystem, and the same code under
 //              ./train --nproc (rank 0 inherits a listening socket from the launcher), mpirun
 //              or srun (rank 0 listens on MASTER_PORT, the others connect to MASTER_ADDR).
+//   HostComm   --comm host: the N processes of ./train --nproc N, on one GPU or a few (NCCL
+//              refuses two ranks on one GPU). Every collective is staged through shared host
+//              memory, synchronously, and sums run in rank order: slow, exact, bit-reproducible.
+//              It lets a machine with one GPU run the real multi-process path: the tests with
+//              2, 4 and 8 ranks, and the talk's eight ranks for a reader.
 //   LocalComm  --sim-world N: this process is rank 0 of an N-GPU run. Every buffer has the size
 //              it has there and every kernel runs as there; a collective is replaced by a local
 //              copy of rank 0's own part (an all-gather copies its shard into its slot, an
@@ -18,7 +23,8 @@
 // Memory: NCCL's own buffers are part of the runtime's share of the device. They are allocated
 // at initialization (NCCL_RUNTIME_CONNECT=0 unless the user sets it: by default NCCL connects
 // lazily at a collective's first use, which would hide them from the measurement taken before
-// our first allocation; docs/results.md has their measured size).
+// our first allocation; docs/results.md has their measured size). HostComm holds no device
+// memory at all, so a rank's categories are the same under every transport.
 //
 // Two communicators run at once (FSDP's on its stream, Ulysses's on the compute stream): this
 // needs the GPU to run their kernels concurrently, so do not set CUDA_DEVICE_MAX_CONNECTIONS=1.
@@ -26,20 +32,33 @@
 // Failure handling: an NCCL error, or a peer that stops answering, must end the run, not hang
 // it. Every wait on a stream that has collectives on it goes through comm_sync, which polls the
 // stream and ncclCommGetAsyncError and aborts the communicator (ncclCommAbort) after a timeout.
+// HostComm waits only at its own barriers, which watch the peers' processes and the timeout.
 #include <arpa/inet.h>
 #include <nccl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <memory>
 #include <thread>
 
 #include "llama.h"
 
 static size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
+
+const char* transport_name(Transport t) {
+    switch (t) {
+        case Transport::NCCL: return "NCCL";
+        case Transport::HOST: return "host shared memory";
+        default: return "local";
+    }
+}
 
 // =============================================================================================
 // One GPU (world 1), or rank 0 of an emulated world (--sim-world): every collective is a local
@@ -112,6 +131,7 @@ class NcclComm : public Comm {
     NcclComm(ncclComm_t c, int r, int w) : comm(c) {
         rank = r;
         world = w;
+        transport = Transport::NCCL;
     }
     ~NcclComm() override {
         if (comm) ncclCommDestroy(comm);
@@ -244,6 +264,258 @@ Comm* comm_nccl(int rank, int world, int listen_fd, const std::string& master_ad
     ncclComm_t c = nullptr;
     NCCL_CHECK(ncclCommInitRank(&c, world, id, rank));
     return new NcclComm(c, rank, world);
+}
+
+// =============================================================================================
+// HostComm: the processes of ./train --nproc N --comm host, through host shared memory.
+//
+// The launcher creates the memory before it starts the ranks (host_comm_create) with
+// memfd_create: it has no name, so nothing can be left behind in /dev/shm whatever ends the
+// run, and the kernel frees it when the last process holding it ends. The ranks inherit its
+// descriptor. It holds a header, then a slot per rank:
+//
+//   header   the world, the size of a half slot, the first rank that failed (abort), and per
+//            rank its process id and how many barriers it has passed
+//   slots    [world][2 halves][HOST_HALF_BYTES]: a rank's part of the current round
+//
+// A collective runs in rounds of at most half a slot. In a round every rank
+//   1. copies its part of `in` into its slot (device to host) and waits for the copy,
+//   2. waits at the barrier until every rank has done step 1,
+//   3. reads its part from every slot in rank order, and copies it to `out` (all-gather,
+//      all-to-all) or sums it in fp32 and rounds once (reduce-scatter, all-reduce), then waits
+//      for those copies.
+// Rounds alternate between the halves: a rank writes round k + 1's half only after passing round
+// k's barrier, which every rank reached after finishing its reads of round k - 1, the last
+// round of that half. So one barrier a round. Every rank sums in the same order, so every rank
+// and every run gets the same bits.
+//
+// A run's communicators (the compute stream's and FSDP's) share the channel: one host thread
+// issues every collective, in the same order on every rank, and each ends before the next.
+// Waiting at a barrier, a rank watches its peers: one whose process ended, or one that called
+// abort(), ends the wait at once with a message; so does one that does not arrive within the
+// timeout (--comm-timeout-s). This rank's Fatal then ends it, and the launcher the rest.
+constexpr int64_t HOST_HALF_BYTES = 8 << 20;
+constexpr uint64_t HOST_MAGIC = 0x31544d4d4f435453ull;  // "STCOMMT1"
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free,
+              "the barrier's counters live in memory shared by processes: they must be lock-free");
+
+struct HostHeader {
+    uint64_t magic;
+    int32_t world;
+    std::atomic<int32_t> failed;  // 0, or the first rank that aborted, plus one
+};
+struct alignas(64) HostRankState {  // one cache line per rank: each writes only its own
+    std::atomic<uint64_t> passed;   // barriers this rank has reached
+    std::atomic<int32_t> pid;       // its process, 0 until the launcher has started it
+};
+
+// Where the parts of the shared memory start, for `world` ranks.
+struct HostLayout {
+    int world;
+    size_t ranks_at = 256, slots_at, bytes;
+    explicit HostLayout(int w) : world(w) {
+        slots_at = (ranks_at + w * sizeof(HostRankState) + 4095) / 4096 * 4096;
+        bytes = slots_at + (size_t)w * 2 * HOST_HALF_BYTES;
+    }
+};
+
+static char* map_shared(int fd, size_t bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) runtime_error("--comm host: cannot map the shared memory: " + std::string(strerror(errno)));
+    return (char*)p;
+}
+
+int host_comm_create(int world) {
+    if (world < 2 || world > HOST_COMM_MAX_RANKS)
+        usage_error("--comm host runs 2 to " + std::to_string(HOST_COMM_MAX_RANKS) + " ranks, not " + std::to_string(world));
+    const HostLayout lay(world);
+    const int fd = memfd_create("train-comm-host", 0);  // no MFD_CLOEXEC: the ranks inherit it
+    if (fd < 0 || ftruncate(fd, (off_t)lay.bytes) != 0)
+        runtime_error("--comm host: cannot create " + std::to_string(lay.bytes >> 20) + " MiB of shared memory: " +
+                      strerror(errno));
+    char* base = map_shared(fd, lay.ranks_at);  // a fresh file reads as zeros: counters and pids start at 0
+    HostHeader* h = (HostHeader*)base;
+    h->magic = HOST_MAGIC;
+    h->world = world;
+    munmap(base, lay.ranks_at);
+    return fd;
+}
+
+void host_comm_rank_started(int shared_fd, int rank, int pid) {
+    const size_t ranks_at = HostLayout(rank + 1).ranks_at, bytes = ranks_at + (rank + 1) * sizeof(HostRankState);
+    char* base = map_shared(shared_fd, bytes);
+    ((HostRankState*)(base + ranks_at))[rank].pid.store(pid);
+    munmap(base, bytes);
+}
+
+// Whether process `pid` has ended (gone, or a zombie its launcher has not reaped yet).
+static bool process_ended(int pid) {
+    if (pid <= 0) return false;  // not started yet: the launcher watches that
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat;
+    if (!std::getline(f, stat)) return true;
+    const size_t name_end = stat.rfind(')');  // "pid (name) state ...": the name may hold anything
+    const char state = name_end + 2 < stat.size() ? stat[name_end + 2] : 'X';
+    return state == 'Z' || state == 'X';
+}
+
+// The memory every rank maps, and this rank's place in the rounds.
+struct HostChannel {
+    int rank = 0, world = 0;
+    double timeout_s = 0;
+    HostLayout layout{2};
+    char* base = nullptr;
+    bool pinned = false;      // registered with CUDA: copies run at DMA speed
+    char* sums = nullptr;     // [HOST_HALF_BYTES] this rank's sums, pinned
+    uint64_t passed = 0;      // barriers passed
+    uint64_t round = 0;       // rounds done: which half is this round's
+
+    HostHeader& header() const { return *(HostHeader*)base; }
+    HostRankState& state(int r) const { return ((HostRankState*)(base + layout.ranks_at))[r]; }
+    char* slot(int r) const { return base + layout.slots_at + ((size_t)r * 2 + round % 2) * HOST_HALF_BYTES; }
+
+    HostChannel(int r, int w, int fd, double timeout) : rank(r), world(w), timeout_s(timeout), layout(w) {
+        base = map_shared(fd, layout.bytes);
+        if (header().magic != HOST_MAGIC || header().world != w)
+            runtime_error("--comm host: the shared memory was not made for " + std::to_string(w) + " ranks");
+        pinned = cudaHostRegister(base, layout.bytes, cudaHostRegisterDefault) == cudaSuccess;
+        if (!pinned) cudaGetLastError();  // pageable copies: slower, the same bytes
+        CUDA_CHECK(cudaMallocHost(&sums, HOST_HALF_BYTES));
+    }
+    ~HostChannel() {  // at exit the CUDA context may be gone already: errors are ignored
+        if (pinned) cudaHostUnregister(base);
+        cudaFreeHost(sums);
+        cudaGetLastError();
+        munmap(base, layout.bytes);
+    }
+
+    // Every rank has reached the same barrier; a peer that ended, failed or is late ends the wait.
+    void barrier(const char* what) {
+        const uint64_t target = ++passed;
+        state(rank).passed.store(target, std::memory_order_release);
+        const auto t0 = std::chrono::steady_clock::now();
+        auto checked = t0;
+        for (int p = 0, spins = 0; p < world;) {
+            if (state(p).passed.load(std::memory_order_acquire) >= target) {
+                p++;
+                continue;
+            }
+            // Spin briefly, then sleep: a round's copies take microseconds, a layer's compute
+            // between collectives takes milliseconds to seconds.
+            if (++spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+            if (seconds_since(checked) > 0.01) {
+                checked = std::chrono::steady_clock::now();
+                watch_peers(what, target, seconds_since(t0));
+            }
+        }
+    }
+
+    void watch_peers(const char* what, uint64_t target, double waited_s) const {
+        const int failed = header().failed.load();
+        if (failed > 0 && failed - 1 != rank)
+            runtime_error("rank " + std::to_string(failed - 1) + " failed; rank " + std::to_string(rank) +
+                          " stops in the " + what + " too");
+        std::string late;
+        for (int p = 0; p < world; p++) {
+            if (state(p).passed.load() >= target) continue;
+            if (process_ended(state(p).pid.load()))
+                runtime_error("rank " + std::to_string(p) + " (process " + std::to_string(state(p).pid.load()) +
+                              ") ended before the " + what + "; rank " + std::to_string(rank) + " stops too");
+            late += (late.empty() ? "" : ", ") + std::to_string(p);
+        }
+        if (waited_s > timeout_s)
+            runtime_error("rank" + std::string(late.find(',') == std::string::npos ? " " : "s ") + late +
+                          " did not reach the " + what + " within " + std::to_string((int)timeout_s) +
+                          " s: a peer stopped answering (see --comm-timeout-s)");
+    }
+
+    // This round's sum of every rank's `count` elements at byte `at` of its slot, in rank order.
+    template <class T, class Load, class Store>
+    void sum_slots(size_t at, int64_t count, Load load, Store store) {
+        T* out = (T*)sums;
+        for (int64_t i = 0; i < count; i++) {
+            float acc = load(((const T*)(slot(0) + at))[i]);
+            for (int p = 1; p < world; p++) acc += load(((const T*)(slot(p) + at))[i]);
+            out[i] = store(acc);
+        }
+    }
+    void sum_slots(size_t at, int64_t count, DType t) {
+        if (t == DType::F32)
+            sum_slots<float>(at, count, [](float x) { return x; }, [](float x) { return x; });
+        else
+            sum_slots<bf16>(at, count, [](bf16 x) { return __bfloat162float(x); },
+                            [](float x) { return __float2bfloat16(x); });
+    }
+};
+
+class HostComm : public Comm {
+  public:
+    explicit HostComm(std::shared_ptr<HostChannel> c) : channel(std::move(c)) {
+        rank = channel->rank;
+        world = channel->world;
+        transport = Transport::HOST;
+    }
+    void all_gather(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
+        collective("all-gather", out, in, n, t, s, false, false);
+    }
+    void reduce_scatter(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
+        collective("reduce-scatter", out, in, n, t, s, true, true);
+    }
+    void all_reduce(void* buf, int64_t n, DType t, cudaStream_t s) override {
+        collective("all-reduce", buf, buf, n, t, s, false, true);
+    }
+    void all_to_all(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
+        collective("all-to-all", out, in, n, t, s, true, false);
+    }
+    Comm* split() override { return new HostComm(channel); }
+    void check() override {
+        const int failed = channel->header().failed.load();
+        if (failed > 0 && failed - 1 != rank) runtime_error("rank " + std::to_string(failed - 1) + " failed");
+    }
+    void abort() override {
+        int none = 0;
+        channel->header().failed.compare_exchange_strong(none, rank + 1);
+    }
+    void barrier() override { channel->barrier("barrier"); }
+
+  private:
+    std::shared_ptr<HostChannel> channel;
+
+    // `in` is one piece of n elements, or (pieces) one per rank, n apart: rank p gets piece p.
+    // Every rank then reads, from each rank's slot, the same piece (all-gather, all-reduce) or
+    // its own (reduce-scatter, all-to-all), and sums them (reduce) or places each rank's in turn.
+    void collective(const char* what, void* out, const void* in, int64_t n, DType t, cudaStream_t s, bool pieces,
+                    bool reduce) {
+        HostChannel& ch = *channel;
+        const int64_t e = dtype_size(t), parts = pieces ? world : 1;
+        const int64_t per_round = HOST_HALF_BYTES / (parts * e);
+        for (int64_t off = 0; off < n; off += per_round, ch.round++) {
+            const int64_t count = std::min(per_round, n - off), bytes = count * e;
+            for (int64_t q = 0; q < parts; q++)
+                CUDA_CHECK(cudaMemcpyAsync(ch.slot(rank) + q * bytes, (const char*)in + (q * n + off) * e, bytes,
+                                           cudaMemcpyDeviceToHost, s));
+            CUDA_CHECK(cudaStreamSynchronize(s));
+            ch.barrier(what);
+            const size_t at = pieces ? rank * bytes : 0;  // this rank's piece in every slot
+            if (reduce) {
+                ch.sum_slots(at, count, t);
+                CUDA_CHECK(cudaMemcpyAsync((char*)out + off * e, ch.sums, bytes, cudaMemcpyHostToDevice, s));
+            } else {
+                for (int p = 0; p < world; p++)
+                    CUDA_CHECK(cudaMemcpyAsync((char*)out + (p * n + off) * e, ch.slot(p) + at, bytes,
+                                               cudaMemcpyHostToDevice, s));
+            }
+            CUDA_CHECK(cudaStreamSynchronize(s));  // the slots are read before this rank arrives anywhere again
+        }
+    }
+};
+
+Comm* comm_host(int rank, int world, int shared_fd, double timeout_s) {
+    if (shared_fd < 0)
+        usage_error("--comm host runs among the processes that ./train --nproc N starts (not under mpirun or srun)");
+    HostComm* c = new HostComm(std::make_shared<HostChannel>(rank, world, shared_fd, timeout_s));
+    c->barrier();  // every rank is up before any collective
+    return c;
 }
 
 // =============================================================================================

@@ -7,15 +7,19 @@
 #include <string>
 
 // ---------------------------------------------------------------------------------------------
-// Three implementations: NCCL (one process per GPU), an emulated one for --sim-world N (rank 0's
-// exact share of an N-GPU run: the same buffers and kernels, with collectives replaced by local
+// Four implementations: NCCL (one process per GPU), host shared memory (--comm host: N processes
+// of ./train --nproc N on one GPU or a few), an emulated one for --sim-world N (rank 0's exact
+// share of an N-GPU run: the same buffers and kernels, with collectives replaced by local
 // copies), and the single-GPU identity.
 struct Model;
 enum class DType { BF16, F32 };
+enum class Transport { LOCAL, NCCL, HOST };  // LOCAL: one GPU, or --sim-world's emulated ranks
+const char* transport_name(Transport t);
 class Comm {
   public:
     int rank = 0, world = 1;
     bool simulated = false;  // --sim-world: numbers are rank 0's share, the loss is meaningless
+    Transport transport = Transport::LOCAL;
     virtual ~Comm() = default;
     // out[world * n] = the in[n] of every rank, in rank order
     virtual void all_gather(void* out, const void* in, int64_t n, DType t, cudaStream_t s) = 0;
@@ -29,6 +33,9 @@ class Comm {
     // Throws Fatal (exit code 1) if the communicator failed asynchronously.
     virtual void check() {}
     virtual void abort() {}
+    // Returns once every rank has called it (ranks that share a GPU measure it between two of
+    // these). Only the host transport's ranks share one, so the others return at once.
+    virtual void barrier() {}
 };
 Comm* comm_single();
 // --sim-world: rank 0 of `world` GPUs, emulated for `model`. Its all-gather of one of FSDP's
@@ -40,6 +47,15 @@ Comm* comm_fake(int world, const Model* model);
 // master_addr:master_port. Waits at most timeout_s for its peers.
 Comm* comm_nccl(int rank, int world, int listen_fd, const std::string& master_addr, int master_port,
                 double timeout_s);
+// --comm host: this rank of the `world` processes that ./train --nproc N --comm host started,
+// through the shared memory whose descriptor the launcher passed down (host_comm_create). A peer
+// that ends, or does not answer within timeout_s, ends this rank with a message.
+Comm* comm_host(int rank, int world, int shared_fd, double timeout_s);
+// The launcher's part: the shared memory of `world` ranks, as a descriptor its children inherit;
+// each rank's process id once it is started, so that its peers see it end.
+constexpr int HOST_COMM_MAX_RANKS = 64;
+int host_comm_create(int world);
+void host_comm_rank_started(int shared_fd, int rank, int pid);
 // Wait for a stream while watching the communicator: a failed or hung peer ends in Fatal after
 // timeout_s, never in a hang.
 void comm_sync(Comm* comm, cudaStream_t s, double timeout_s);

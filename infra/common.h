@@ -110,6 +110,9 @@ inline std::vector<LlamaConfig> known_configs() {
     c.head_dim = 128; c.ffn_dim = 256; c.vocab = 384; c.tied_embeddings = false;
     c.rope_scaling = {true, 8.0, 1.0, 4.0, 64};
     all.push_back(c);
+    // Eight query heads over 2 KV heads: Ulysses over 8 ranks, each KV head shared by 4 of them.
+    c.name = "tiny-8h"; c.dim = 1024; c.n_heads = 8; c.ffn_dim = 512;
+    all.push_back(c);
     c = LlamaConfig();
     c.name = "small"; c.dim = 1024; c.n_layers = 4; c.n_heads = 8; c.n_kv_heads = 2;
     c.head_dim = 128; c.ffn_dim = 2816; c.vocab = 8192; c.tied_embeddings = true;
@@ -140,6 +143,8 @@ inline std::vector<LlamaConfig> known_configs() {
     c.name = "tiny-qwen3"; c.family = Family::QWEN3; c.dim = 128; c.n_layers = 2; c.n_heads = 4;
     c.n_kv_heads = 2; c.head_dim = 128; c.ffn_dim = 256; c.vocab = 384; c.tied_embeddings = false;
     c.norm_eps = 1e-6; c.rope_theta = 1e6;
+    all.push_back(c);
+    c.name = "tiny-qwen3-8h"; c.n_heads = 8;  // as tiny-8h: Ulysses over 8 ranks, KV heads shared by 4
     all.push_back(c);
     return all;
 }

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "infra/comm.h"
 #include "train.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -70,6 +71,7 @@ Launch launch_from_env() {
             break;
         }
     l.listen_fd = env_int("TRAIN_LISTEN_FD", -1);
+    l.host_comm_fd = env_int("TRAIN_HOST_COMM_FD", -1);
     if (getenv("MASTER_ADDR")) l.master_addr = getenv("MASTER_ADDR");
     l.master_port = env_int("MASTER_PORT", 29500);
     return l;
@@ -78,28 +80,31 @@ Launch launch_from_env() {
 // ---------------------------------------------------------------------------------------------
 // ./train --nproc N: start N copies of this program, one per GPU, and wait for them. Rank 0
 // inherits a socket already listening on a free port, so the NCCL id needs no shared file and
-// no fixed port. If any rank fails, the others are stopped at once: no rank waits forever for
-// a peer that is gone. The exit code is the first failing rank's.
+// no fixed port; under --comm host every rank inherits the shared memory of the host transport
+// instead (infra/comm.cu). If any rank fails, the others are stopped at once: no rank waits
+// forever for a peer that is gone. The exit code is the first failing rank's.
 
 // Wait for every rank. The first rank to fail sets the exit code. The others get a moment to
 // end by themselves (an error every rank sees is reported by rank 0 alone, which may still be
-// writing it); whoever is still running after that, waiting on a dead peer, is stopped.
+// writing it); whoever is still running after that, waiting on a dead peer, is sent SIGTERM,
+// and SIGKILL a little later (a stopped or hung process does not act on SIGTERM).
 static int wait_for_ranks(const std::vector<pid_t>& pids) {
-    int result = 0;
+    int result = 0, signal_sent = 0;
     std::vector<bool> alive(pids.size(), true);
     auto failed_at = std::chrono::steady_clock::time_point::max();
-    bool stopped = false;
     for (size_t left = pids.size(); left > 0;) {
-        const bool grace = result != 0 && !stopped;
-        if (grace && std::chrono::steady_clock::now() - failed_at > std::chrono::seconds(2)) {
-            for (size_t i = 0; i < pids.size(); i++)
-                if (alive[i]) kill(pids[i], SIGTERM);
-            stopped = true;
-            continue;
+        if (result != 0) {
+            const auto since = std::chrono::steady_clock::now() - failed_at;
+            const int sig = since > std::chrono::seconds(7) ? SIGKILL : since > std::chrono::seconds(2) ? SIGTERM : 0;
+            if (sig && sig != signal_sent) {
+                for (size_t i = 0; i < pids.size(); i++)
+                    if (alive[i]) kill(pids[i], sig);
+                signal_sent = sig;
+            }
         }
         int st = 0;
-        pid_t p = waitpid(-1, &st, grace ? WNOHANG : 0);
-        if (p == 0) {  // none ended yet, within the grace period
+        pid_t p = waitpid(-1, &st, result != 0 ? WNOHANG : 0);
+        if (p == 0) {  // none ended yet, after a failure
             usleep(10000);
             continue;
         }
@@ -107,15 +112,21 @@ static int wait_for_ranks(const std::vector<pid_t>& pids) {
             if (errno == EINTR) continue;
             break;
         }
-        for (size_t i = 0; i < pids.size(); i++)
-            if (pids[i] == p && alive[i]) alive[i] = false, left--;
+        size_t rank = 0;
+        while (rank < pids.size() && pids[rank] != p) rank++;
+        if (rank == pids.size() || !alive[rank]) continue;
+        alive[rank] = false, left--;
         int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (code != 0 && result == 0) result = code, failed_at = std::chrono::steady_clock::now();
+        if (code == 0 || result != 0) continue;
+        result = code, failed_at = std::chrono::steady_clock::now();
+        if (WIFSIGNALED(st))  // a rank that ends by itself says why; one killed cannot
+            fprintf(stderr, "error: rank %zu (process %d) was killed by signal %d (%s); the other ranks stop\n", rank,
+                    (int)p, WTERMSIG(st), strsignal(WTERMSIG(st)));
     }
     return result;
 }
 
-int launch_local(int n, char** argv) {
+int launch_local(int n, char** argv, bool host_comm) {
     // Said once here, not by each rank.
     if (visible_gpus() == 0) no_gpu_error("--nproc starts one process per GPU; `--plan --nproc N` needs none");
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -127,6 +138,7 @@ int launch_local(int n, char** argv) {
     if (fd < 0 || bind(fd, (sockaddr*)&a, sizeof a) != 0 || listen(fd, n) != 0 ||
         getsockname(fd, (sockaddr*)&a, &len) != 0)
         runtime_error("--nproc: cannot open the rendezvous socket: " + std::string(strerror(errno)));
+    const int shared_fd = host_comm ? host_comm_create(n) : -1;
     std::vector<pid_t> pids;
     for (int r = 0; r < n; r++) {
         pid_t pid = fork();
@@ -138,14 +150,17 @@ int launch_local(int n, char** argv) {
             setenv("TRAIN_LOCAL_RANK", std::to_string(r).c_str(), 1);
             setenv("MASTER_ADDR", "127.0.0.1", 1);
             setenv("MASTER_PORT", std::to_string(ntohs(a.sin_port)).c_str(), 1);
-            setenv("TRAIN_LISTEN_FD", std::to_string(r == 0 ? fd : -1).c_str(), 1);
-            if (r != 0) close(fd);
+            setenv("TRAIN_LISTEN_FD", std::to_string(r == 0 && !host_comm ? fd : -1).c_str(), 1);
+            setenv("TRAIN_HOST_COMM_FD", std::to_string(shared_fd).c_str(), 1);
+            if (r != 0 || host_comm) close(fd);
             execv("/proc/self/exe", argv);
             fprintf(stderr, "error: --nproc: cannot start rank %d: %s\n", r, strerror(errno));
             _exit(EXIT_RUNTIME);
         }
         pids.push_back(pid);
+        if (host_comm) host_comm_rank_started(shared_fd, r, pid);
     }
     close(fd);
+    if (shared_fd >= 0) close(shared_fd);  // the ranks hold it now; it is freed when the last one ends
     return wait_for_ranks(pids);
 }

@@ -43,7 +43,7 @@ void* Arena::take_bytes(const std::string& name, MemCategory cat, int64_t bytes)
 int64_t DeviceMemory::driver_used_bytes() const {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return -1;
-    return (int64_t)(total_b - free_b);
+    return (int64_t)(total_b - free_b) / sharing;
 }
 
 void report_oom(const Arena& plan, int64_t runtime_bytes, int64_t cap_bytes,

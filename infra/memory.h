@@ -62,13 +62,14 @@ class Arena {
 // The device as the memory accounting sees it.
 struct DeviceMemory {
     int device = 0;
+    int sharing = 1;             // ranks on this GPU (--comm host): each counts its equal part
     int64_t total_bytes = 0;     // what the card has (cudaMemGetInfo)
     int64_t runtime_bytes = 0;   // used before our first allocation: CUDA context, cuBLAS
     int64_t emulated_bytes = 0;  // --sim-world: NCCL buffers rank 0 of a real node would hold
     int64_t cap_bytes = 0;       // --mem-cap-gib, or total_bytes without a cap
     char* slab = nullptr;        // the arena's one allocation
     int64_t slab_bytes = 0;
-    int64_t driver_used_bytes() const;  // cudaMemGetInfo now: total - free
+    int64_t driver_used_bytes() const;  // cudaMemGetInfo now: total - free (its part, if shared)
 };
 
 // The runtime's share of the device when no GPU is present to measure it (--plan): the CUDA

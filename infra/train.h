@@ -38,6 +38,7 @@ struct Options {
     bool gpus_given = false;    // --nproc or --sim-world was given (else --ladder takes the talk's 8)
     bool vocab_pieces_given = false;  // --vocab-pieces was given (its count beats --stage 7's default)
     double comm_timeout_s = 600;
+    bool host_comm = false;     // --comm host: collectives through host shared memory, not NCCL
     int stage = -1;             // --stage N
     bool ladder = false;        // --ladder: the memory ladder, stage by stage
     int measure_layers = 0;     // --ladder: layers of the measured steps (0: the config's)
@@ -123,12 +124,14 @@ int ladder_main(const Options& o);
 struct Launch {
     int rank = 0, world = 1, local_rank = 0;
     int listen_fd = -1;  // rank 0 under ./train --nproc: the rendezvous socket, already listening
+    int host_comm_fd = -1;  // under ./train --nproc N --comm host: the ranks' shared memory (infra/comm.cu)
     std::string master_addr = "127.0.0.1";
     int master_port = 29500;
 };
 Launch launch_from_env();
-// ./train --nproc N: N processes of this program, one per GPU; the first failing rank's exit code.
-int launch_local(int n, char** argv);
+// ./train --nproc N: N processes of this program, one per GPU (host_comm: --comm host, N processes
+// on the visible GPUs in turn); the first failing rank's exit code.
+int launch_local(int n, char** argv, bool host_comm);
 int visible_gpus();  // 0 without a usable GPU
 // Why there is no GPU here, in one line, then `what` (a runtime failure, exit code 1).
 [[noreturn]] void no_gpu_error(const std::string& what);
