@@ -37,14 +37,14 @@ LIB_OBJS  := build/llama.o build/fsdp.o build/ulysses.o build/offload.o build/ch
              build/kernels/kernels.o build/kernels/gemm.o build/kernels/attention.o build/kernels/attention_hopper.o \
              build/io/files.o build/io/data.o build/io/json.o build/io/input_files.o \
              build/infra/memory.o build/infra/comm.o build/infra/timeline.o build/infra/evaluate.o
-APP_OBJS  := build/infra/launch.o build/infra/ladder.o build/io/outputs.o
+APP_OBJS  := build/infra/launch.o build/infra/ladder.o build/infra/options.o build/io/outputs.o
 TEST_BINS := build/tests/test_reference build/tests/test_source build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \
              build/tests/test_files build/tests/test_inputs build/tests/test_hf
 TEST_COMMON := build/tests/test_main.o build/tests/reference.o
 TEST_HEADERS := tests/reference.h tests/test_util.h tests/gpu_util.h tests/files_util.h
 
-all: train $(TEST_BINS) build/bench_attention build/bench_attention_hopper build/schedule_sim
+all: train $(TEST_BINS) build/bench_attention build/bench_attention_hopper build/bench_comm build/schedule_sim
 
 build/%.o: %.cu $(HEADERS) build/flags
 	@mkdir -p $(dir $@)
