@@ -40,8 +40,12 @@ LIB_OBJS  := build/llama.o build/fsdp.o build/ulysses.o build/offload.o build/ch
 APP_OBJS  := build/infra/launch.o build/infra/ladder.o build/infra/options.o build/io/outputs.o
 TEST_BINS := build/tests/test_reference build/tests/test_source build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \
-             build/tests/test_files build/tests/test_inputs build/tests/test_hf
+             build/tests/test_files build/tests/test_inputs build/tests/test_hf build/tests/check_results
 TEST_COMMON := build/tests/test_main.o build/tests/reference.o
+# tests/check_results.py (results/ holds what README.md and docs/results.md show, and they cite
+# nothing missing), run by tests/run_tests.sh through a two-line script, as tests/fuzz/fuzz.mk does.
+build/tests/check_results: tests/check_results.py
+	@mkdir -p $(dir $@) && printf '#!/bin/sh\ncommand -v python3 >/dev/null || { echo "no python3"; echo "TESTCOUNTS passed=0 failed=0 skipped=1"; exit 0; }\nexec python3 "%s/tests/check_results.py"\n' "$(CURDIR)" > $@ && chmod +x $@
 TEST_HEADERS := tests/reference.h tests/test_util.h tests/gpu_util.h tests/files_util.h
 
 all: train $(TEST_BINS) build/bench_attention build/bench_attention_hopper build/bench_comm build/schedule_sim
@@ -175,29 +179,40 @@ clean:
 .PHONY: all test run bench ladder long throughput data clean
 .SECONDARY:
 
-# The figures: every notebook in notebooks/ runs headless over the committed results (a copy with
-# outputs goes to a temporary folder, so the committed notebooks stay output-free) and writes its
-# PNGs to $(RESULTS)/figures/. A notebook whose results files are missing or malformed fails, and
-# so does this target (after the others ran; a failure shows the notebook's own traceback).
-# RESULTS=DIR draws from another folder. Needs Debian's jupyter-nbconvert, python3-matplotlib,
+# The notebooks, committed with their outputs: each runs headless over the committed results and
+# ./train --plan (no GPU needed; `make train` builds it) into a temporary copy, writing its PNGs
+# to $(RESULTS)/figures/. notebooks/outputs.py then compares the copy's text outputs (streams and
+# text/plain; not images, execution counts or metadata) with the committed notebook's and reports
+# the first difference, and the fresh notebook is written in place. The target fails if a notebook
+# fails (its own traceback shown) or if a text output differs: review the fresh notebooks and
+# commit them. RESULTS=DIR draws from another folder, into the temporary copy only (nothing
+# compared or written in place). Needs Debian's jupyter-nbconvert, python3-matplotlib,
 # python3-ipykernel and python3-nbformat (.ci/run installs them).
 RESULTS   ?= results
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 notebooks:
-	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && failed= && \
+	@[ -x train ] || { echo "make notebooks: no ./train (make train builds it; the notebooks run ./train --plan)" >&2; exit 1; }
+	@out=$$(mktemp -d) && trap 'rm -rf "$$out"' EXIT && failed= && differ= && \
 	for nb in $(NOTEBOOKS); do \
 	  echo "notebook $$nb (results from $(RESULTS))"; \
-	  RESULTS="$(abspath $(RESULTS))" MPLBACKEND=Agg PYDEVD_DISABLE_FILE_VALIDATION=1 \
-	    jupyter nbconvert --to notebook --execute --ExecutePreprocessor.kernel_name=python3 \
-	    --ExecutePreprocessor.timeout=120 --log-level=WARN --output-dir "$$out" "$$nb" 2>"$$out/log" && continue; \
-	  failed="$$failed $$nb"; \
-	  sed 's/\x1b\[[0-9;]*m//g' "$$out/log" > "$$out/err"; \
-	  if grep -q -- '^----------------------------------------' "$$out/err"; then \
-	    awk '/^----------------------------------------/ { buf = "" } { buf = buf $$0 "\n" } \
-	      END { printf "%s", buf }' "$$out/err" | uniq | tail -n 40 >&2; \
-	  else tail -n 15 "$$out/err" >&2; fi; \
+	  if ! RESULTS="$(abspath $(RESULTS))" TRAIN="$(abspath train)" MPLBACKEND=Agg PYDEVD_DISABLE_FILE_VALIDATION=1 \
+	      PYTHONDONTWRITEBYTECODE=1 jupyter nbconvert --to notebook --execute --ExecutePreprocessor.kernel_name=python3 \
+	      --ExecutePreprocessor.timeout=120 --ExecutePreprocessor.record_timing=False --log-level=WARN \
+	      --output-dir "$$out" "$$nb" 2>"$$out/log"; then \
+	    failed="$$failed $$nb"; \
+	    sed 's/\x1b\[[0-9;]*m//g' "$$out/log" > "$$out/err"; \
+	    if grep -q -- '^----------------------------------------' "$$out/err"; then \
+	      awk '/^----------------------------------------/ { buf = "" } { buf = buf $$0 "\n" } \
+	        END { printf "%s", buf }' "$$out/err" | uniq | tail -n 40 >&2; \
+	    else tail -n 15 "$$out/err" >&2; fi; \
+	    continue; \
+	  fi; \
+	  [ "$(RESULTS)" = results ] || continue; \
+	  python3 notebooks/outputs.py "$$nb" "$$out/$$(basename $$nb)" >&2 || differ="$$differ $$nb"; \
+	  cp "$$out/$$(basename $$nb)" "$$nb"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "notebooks failed:$$failed" >&2; exit 1; fi; \
+	if [ -n "$$differ" ]; then echo "notebooks whose text outputs differ from the committed ones (the fresh ones are written in place: review and commit them):$$differ" >&2; exit 1; fi; \
 	echo "figures in $(RESULTS)/figures/: $$(cd $(RESULTS)/figures && ls *.png | tr '\n' ' ')"
 
 .PHONY: notebooks
