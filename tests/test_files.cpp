@@ -650,6 +650,124 @@ TEST(TokenizeTool, BadInputIsAUsageErrorNamingTheFile) {
     EXPECT_EQ(run_command("ls " + dir).output.find(".tmp"), std::string::npos) << "a temporary output was left behind";
 }
 
+// The tool on the command line, in a 20 s and 4 GiB bound: an input that hangs it or grows its
+// memory without end times out (exit status 124) or fails, rather than stalling the suite.
+std::string bounded(const std::string& tool) { return "ulimit -v 4194304; timeout 20 " + tool; }
+
+// Expects exit status 2 in bounded time, the one line why, and neither the output nor a
+// temporary file of it left in out's folder.
+void expect_refused(const std::string& cmd, const std::string& why, const std::string& out) {
+    SCOPED_TRACE(cmd);
+    CommandResult r = run_command(cmd);
+    EXPECT_NE(r.code, 124) << "timed out: " << r.output;
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find(why), std::string::npos) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;  // no traceback either
+    EXPECT_FALSE(std::ifstream(out).good()) << out << " was written";
+    const std::string folder = out.substr(0, out.rfind('/'));
+    EXPECT_EQ(run_command("ls -a " + folder).output.find(out.substr(out.rfind('/') + 1) + ".tmp"), std::string::npos)
+        << "a temporary output was left behind";
+}
+
+// What the review found hanging, growing without bound, failing with a traceback or reading the
+// wrong file: each is a one-line message naming the file or the flag, exit 2, within 20 s.
+TEST(TokenizeTool, HostileInputIsRefusedInBoundedTime) {
+    if (!have_tokenizer_tool()) GTEST_SKIP() << "run from the repository root, with python3";
+    const std::string dir = tmpdir("tokenize_hostile"), out = dir + "/out.bin";
+    write_text(dir + "/surrogate.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"\\ud800\"}\n");
+    write_text(dir + "/deep.jsonl", std::string(100000, '['));
+    write_text(dir + "/number.jsonl", "{\"text\": \"a\", \"n\": 1" + std::string(10000, '7') + "}\n");
+    write_text(dir + "/long.jsonl", "{\"text\": \"short\"}\n{\"text\": \"" + std::string(200, 'x') + "\"}\n");
+    write_text(dir + "/big.txt", "");
+    ASSERT_EQ(truncate((dir + "/big.txt").c_str(), (off_t(1) << 31) + 1), 0);  // sparse: no disk used
+    ASSERT_EQ(mkfifo((dir + "/fifo").c_str(), 0644), 0);
+    mkdir((dir + "/corpus").c_str(), 0755), mkdir((dir + "/corpus/sub").c_str(), 0755);
+    write_text(dir + "/corpus/a.txt", "a document");
+    ASSERT_EQ(mkfifo((dir + "/corpus/sub/pipe").c_str(), 0644), 0);
+    ASSERT_EQ(run_command("python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('" + dir + "/socket')\"").code, 0);
+    mkdir((dir + "/folder").c_str(), 0755);
+    const std::string tool = bounded("python3 tools/tokenize.py --bytes ");
+    const std::pair<std::string, std::string> cases[] = {
+        {"--out " + out + " " + dir + "/surrogate.jsonl", dir + "/surrogate.jsonl:2: \"text\" holds a lone surrogate (\\ud800)"},
+        {"--out " + out + " " + dir + "/deep.jsonl", dir + "/deep.jsonl:1: nested too deeply"},
+        {"--out " + out + " " + dir + "/number.jsonl", dir + "/number.jsonl:1: a number of over 4300 digits"},
+        {"--out " + out + " --max-doc-bytes 100 " + dir + "/long.jsonl", dir + "/long.jsonl:2: a line over 100 bytes"},
+        {"--out " + out + " " + dir + "/big.txt", dir + "/big.txt: over 2147483648 bytes, the bound on a document"},
+        {"--out " + out + " /dev/zero", "/dev/zero: not a regular file (a character device)"},
+        {"--out " + out + " " + dir + "/fifo", dir + "/fifo: not a regular file (a FIFO)"},
+        {"--out " + out + " " + dir + "/corpus", dir + "/corpus/sub/pipe: not a regular file (a FIFO)"},
+        {"--out " + out + " --doc-per-folder " + dir + "/corpus", dir + "/corpus/sub/pipe: not a regular file (a FIFO)"},
+        {"--out " + out + " " + dir + "/socket", dir + "/socket: not a regular file (a socket)"},
+        {"--out " + dir + "/folder " + dir + "/corpus/a.txt", "--out " + dir + "/folder: a folder, not a file to write"},
+        {"--out '' " + dir + "/corpus/a.txt", "--out: an empty path"},
+        {"--out " + dir + "/null " + dir + "/corpus/a.txt", "--out " + dir + "/null: a character device, not a file to write"},
+    };
+    // --out /dev/null through a link: a tool that wrote there anyway replaces the link, not /dev/null.
+    ASSERT_EQ(symlink("/dev/null", (dir + "/null").c_str()), 0);
+    for (const auto& [args, why] : cases) expect_refused(tool + args, why, out);
+    struct stat st;
+    EXPECT_TRUE(lstat((dir + "/null").c_str(), &st) == 0 && S_ISLNK(st.st_mode)) << "--out " << dir << "/null was written";
+}
+
+// The output inside an input folder (the review's wrong result: the tool read its own temporary
+// back as a document): the output, its temporary and a hard link to it are left out, a stale
+// output of an earlier run too; the output named as an input is refused, and stays as it was.
+TEST(TokenizeTool, ItsOwnOutputIsNeverRead) {
+    if (!have_tokenizer_tool()) GTEST_SKIP() << "run from the repository root, with python3";
+    const std::string dir = tmpdir("tokenize_own"), out = dir + "/corpus/out.bin";
+    mkdir((dir + "/corpus").c_str(), 0755), mkdir((dir + "/corpus/sub").c_str(), 0755);
+    write_text(dir + "/corpus/a.txt", "one");
+    write_text(dir + "/corpus/sub/b.txt", "two");
+    for (int pass = 0; pass < 2; pass++) {  // the second with last run's output there
+        SCOPED_TRACE("pass " + std::to_string(pass));
+        CommandResult r = run_command(bounded("python3 tools/tokenize.py --bytes --out " + out + " " + dir + "/corpus"));
+        ASSERT_EQ(r.code, 0) << r.output;
+        EXPECT_NE(r.output.find(out + ".tmp"), std::string::npos) << r.output;  // its note: left out
+        EXPECT_EQ(r.output.find(out + ": the output file") == std::string::npos, pass == 0) << r.output;
+        expect_documents(TokenFile(out, 257), {"one", "two"}, false);
+    }
+    ASSERT_EQ(link(out.c_str(), (dir + "/corpus/sub/hardlink.bin").c_str()), 0);
+    CommandResult r = run_command(bounded("python3 tools/tokenize.py --bytes --doc-per-folder --out " + out + " " + dir + "/corpus"));
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find(dir + "/corpus/sub/hardlink.bin: the output file (--out), left out"), std::string::npos) << r.output;
+    expect_documents(TokenFile(out, 257), {"one", "two"}, false);
+    r = run_command(bounded("python3 tools/tokenize.py --bytes --out " + out + " " + dir + "/corpus/a.txt " + out));
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find(out + ": the output file (--out) given as an input"), std::string::npos) << r.output;
+    expect_documents(TokenFile(out, 257), {"one", "two"}, false);
+    EXPECT_EQ(run_command("ls -a " + dir + "/corpus").output.find(".tmp"), std::string::npos) << "a temporary output was left behind";
+}
+
+// A folder that cannot be listed, a file that cannot be read, a folder the output cannot be
+// written in: errors naming them. Permissions bind only users other than root: as root, the
+// tool runs as nobody (setpriv), from a copy nobody can read, with a python3 outside root's home.
+TEST(TokenizeTool, WhatCannotBeReadOrWrittenIsNamed) {
+    if (!have_tokenizer_tool()) GTEST_SKIP() << "run from the repository root, with python3";
+    const std::string dir = tmpdir("tokenize_perm");
+    std::string tool = "python3 tools/tokenize.py --bytes ";
+    if (geteuid() == 0) {
+        tool = "setpriv --reuid=65534 --regid=65534 --clear-groups env PATH=/usr/local/bin:/usr/bin:/bin python3 ";
+        if (run_command("cp tools/tokenize.py " + dir + "/ && " + tool + dir + "/tokenize.py --help").code != 0)
+            GTEST_SKIP() << "root, and no setpriv or python3 for the user nobody";
+        tool += dir + "/tokenize.py --bytes ";
+    }
+    mkdir((dir + "/corpus").c_str(), 0755), mkdir((dir + "/corpus/locked").c_str(), 0755);
+    mkdir((dir + "/out").c_str(), 0777), chmod((dir + "/out").c_str(), 0777);
+    mkdir((dir + "/readonly").c_str(), 0555);
+    write_text(dir + "/corpus/a.txt", "a document");
+    write_text(dir + "/corpus/locked/b.txt", "out of reach");
+    write_text(dir + "/secret.txt", "out of reach");
+    chmod((dir + "/corpus/locked").c_str(), 0), chmod((dir + "/secret.txt").c_str(), 0);
+    const std::string out = dir + "/out/out.bin";
+    expect_refused(bounded(tool + "--out " + out + " " + dir + "/corpus"), dir + "/corpus/locked: cannot list it (Permission denied)", out);
+    expect_refused(bounded(tool + "--out " + out + " --doc-per-folder " + dir + "/corpus"),
+                   dir + "/corpus/locked: cannot list it (Permission denied)", out);
+    expect_refused(bounded(tool + "--out " + out + " " + dir + "/secret.txt"), dir + "/secret.txt: cannot read it (Permission denied)", out);
+    expect_refused(bounded(tool + "--out " + dir + "/readonly/out.bin " + dir + "/corpus/a.txt"),
+                   "--out " + dir + "/readonly/out.bin: cannot write in " + dir + "/readonly (Permission denied)", dir + "/readonly/out.bin");
+    chmod((dir + "/corpus/locked").c_str(), 0755);
+}
+
 // A Hugging Face tokenizer.json through the `tokenizers` package (where it is installed): a word
 // level one written here, its BOS from tokenizer_config.json; text that is not UTF-8 refused.
 TEST(TokenizeTool, HuggingFaceTokenizerWhereInstalled) {

@@ -6,6 +6,8 @@
 # AddressSanitizer and UndefinedBehaviorSanitizer. `make test` runs each for FUZZ_SECONDS
 # through tests/fuzz/run_fuzz.sh and counts it as one test; without a clang++ that links
 # libFuzzer (Debian: clang, libclang-rt-dev) the targets are not built and their runs skip.
+# tools/tokenize.py has a fuzzer of its own, in Python (tests/fuzz/fuzz_tokenize.py, seeds under
+# tests/fuzz/seeds/tokenize/): one more suite, for FUZZ_SECONDS too, needing only python3.
 #   make test FUZZ_SECONDS=600         fuzz longer
 #   build/fuzz/fuzz_config -help=1     libFuzzer's options, for a run by hand
 FUZZ_CXX     ?= clang++
@@ -32,3 +34,10 @@ build/fuzz/fuzz_%: tests/fuzz/fuzz_%.cpp tests/fuzz/oracle.h io/json.cpp io/inpu
 # What tests/run_tests.sh runs: a two-line script calling run_fuzz.sh for the target.
 build/fuzz/run_%: build/fuzz/fuzz_% tests/fuzz/run_fuzz.sh
 	@printf '#!/bin/sh\nexec bash "%s/tests/fuzz/run_fuzz.sh" %s\n' "$(CURDIR)" $* > $@ && chmod +x $@
+
+# The tokenizer's fuzzer: a script that skips (TESTCOUNTS skipped=1) where there is no python3.
+TEST_BINS += build/fuzz/run_tokenize
+all: build/fuzz/run_tokenize
+build/fuzz/run_tokenize: tests/fuzz/fuzz_tokenize.py
+	@mkdir -p build/fuzz
+	@printf '#!/bin/sh\ncommand -v python3 >/dev/null || { echo "fuzz_tokenize: no python3: skipped"; echo "TESTCOUNTS passed=0 failed=0 skipped=1"; exit 0; }\nexec python3 "%s/tests/fuzz/fuzz_tokenize.py"\n' "$(CURDIR)" > $@ && chmod +x $@
