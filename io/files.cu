@@ -312,7 +312,7 @@ std::vector<float> read_hf_weights(const Model& m, const std::string& path) {
 
 void load_hf_checkpoint(Model& m, const std::string& path, cudaStream_t s) {
     std::vector<float> local = read_hf_weights(m, path);
-    CUDA_CHECK(cudaMemcpy(m.master, local.data(), m.local_params * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(m.master, local.data(), m.local_params * sizeof(float), cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.local_params * sizeof(float), s));
     CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.local_params * sizeof(float), s));
     CUDA_CHECK(cudaStreamSynchronize(s));
@@ -506,8 +506,8 @@ bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t*
     if (f.size != sizeof h + 3 * (size_t)m.local_params * sizeof(float))
         usage_error("--resume: '" + path + "' is truncated or corrupt");
     const uint8_t* p = f.data + sizeof h;
-    for (float* arr : {m.master, m.adam_m, m.adam_v}) {
-        CUDA_CHECK(cudaMemcpy(arr, p, m.local_params * sizeof(float), cudaMemcpyHostToDevice));
+    for (float* arr : {m.master, m.adam_m, m.adam_v}) {  // on s, which the step uses: the wait below covers them
+        CUDA_CHECK(cudaMemcpyAsync(arr, p, m.local_params * sizeof(float), cudaMemcpyHostToDevice, s));
         p += m.local_params * sizeof(float);
     }
     CUDA_CHECK(cudaStreamSynchronize(s));
