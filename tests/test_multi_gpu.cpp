@@ -433,7 +433,7 @@ TEST_P(MultiRank, DeadOrHungRankEndsTheRun) {
         SCOPED_TRACE(strsignal(sig));
         const std::set<std::string> shm_before = shm_entries();
         const std::string marker = tmp("fault_" + std::to_string(sig));
-        Background run(ranks().flags() + " --config small --seq-len 32K --steps 100000 --ulysses --fsdp --comm-timeout-s 20 "
+        Background run(ranks().flags() + " --config small --seq-len 32K --steps 100000 --ulysses --fsdp --comm-timeout-s 15 "
                        "--log " + marker,
                        marker + ".out");
         ASSERT_TRUE(run.wait_for_output("step    1/", 120)) << run.output();
@@ -451,7 +451,7 @@ TEST_P(MultiRank, DeadOrHungRankEndsTheRun) {
         if (sig == SIGKILL) {
             EXPECT_NE(out.find("was killed by signal 9"), std::string::npos) << out;
         } else {
-            EXPECT_NE(out.find("20 s"), std::string::npos) << out;  // the peers' timeout
+            EXPECT_NE(out.find("15 s"), std::string::npos) << out;  // the peers' timeout
             EXPECT_NE(out.find("(see --comm-timeout-s)"), std::string::npos) << out;
             EXPECT_LT(took, 45);
         }
