@@ -266,6 +266,11 @@ static const std::vector<Flag> FLAGS = {
      "write the last step's event timeline as JSON: each layer's forward and backward,\n"
      "its attention kernels, all-to-alls and MLP, FSDP's collectives, offload's copies",
      [](Options& o, V f, V v) { o.timeline_path = path(f, v); }},
+    {"--trace", Takes::VALUE, " FILE", 7,
+     "write the last step as a Chrome trace (open it in https://ui.perfetto.dev or chrome://tracing):\n"
+     "each layer's phases on the compute stream, all-to-alls with their bytes, FSDP's gathers and\n"
+     "reduce-scatters, offload's copies, and the memory per category at each layer",
+     [](Options& o, V f, V v) { o.trace_path = path(f, v); }},
     {"--mem-trace", Takes::VALUE, " FILE", 7, "write live memory per category (and pinned host) over the last step, as JSON lines",
      [](Options& o, V f, V v) { o.mem_trace_path = path(f, v); }},
     {"--peak-tflops", Takes::VALUE, " X", 7, "bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)",
@@ -312,8 +317,9 @@ static void check_data_options(const Options& o) {
     if ((o.eval_every || o.eval_only || o.eval_windows_given) && o.eval_path.empty())
         usage_error("--eval-every, --eval-windows and --eval-only need --eval-data");
     if (!o.eval_path.empty() && o.ladder) usage_error("--ladder runs its own steps: leave out --eval-data");
-    if (o.eval_only && (!o.dump_path.empty() || !o.timeline_path.empty() || !o.mem_trace_path.empty()))
-        usage_error("--dump, --timeline and --mem-trace record a training step: --eval-only takes none");
+    if (o.eval_only && (!o.dump_path.empty() || !o.timeline_path.empty() || !o.trace_path.empty() ||
+                        !o.mem_trace_path.empty()))
+        usage_error("--dump, --timeline, --trace and --mem-trace record a training step: --eval-only takes none");
     if (!o.eval_path.empty() && o.sim_world > 1) usage_error("--sim-world's losses are meaningless: leave out --eval-data");
 }
 
@@ -342,7 +348,8 @@ static void check_options(Options& o) {
     if ((o.resume || o.state_every) && o.state_dir.empty()) usage_error("--resume and --state-every need --state-dir");
     if ((o.step.chunk_tokens || o.step.loss_chunk_tokens) && !o.step.chunked)
         usage_error("--chunk-tokens and --loss-chunk-tokens need --chunked");
-    if (!o.mem_trace_path.empty() && o.steps < 1) usage_error("--mem-trace traces a step: it needs --steps 1 or more");
+    if ((!o.mem_trace_path.empty() || !o.trace_path.empty()) && o.steps < 1)
+        usage_error("--trace and --mem-trace trace a step: they need --steps 1 or more");
     check_data_options(o);
 }
 

@@ -156,6 +156,7 @@ void check_output_paths(const Options& o, bool lead) {
     check_writable(o.log_path, "--log", false);
     check_writable(o.dump_path, "--dump", false);
     check_writable(o.timeline_path, "--timeline", false);
+    check_writable(o.trace_path, "--trace", false);
     check_writable(o.mem_trace_path, "--mem-trace", false);
     check_writable(o.save_to, "--save-to", true);
 }
@@ -233,7 +234,7 @@ SyntheticData make_data(const Run& r) {
 // keeps for their starts. A token file is read for it (its documents' starts).
 static int64_t documents_per_step(Run& r) {
     if (!r.o.data_path.empty() && !r.token_file) r.token_file.reset(new TokenFile(r.o.data_path, r.cfg.vocab));
-    if (!r.o.eval_path.empty() && !r.eval_file) r.eval_file.reset(new TokenFile(r.o.eval_path, r.cfg.vocab));
+    if (!r.o.eval_path.empty() && !r.eval_file) r.eval_file.reset(new TokenFile(r.o.eval_path, r.cfg.vocab, "--eval-data"));
     SyntheticData eval = make_data(r);  // the held-out file's windows may hold more documents
     eval.file = r.eval_file.get(), eval.doc_min = 0;
     return std::max(make_data(r).max_docs_per_sequence(r.o.seq_len), r.eval_file ? eval.max_docs_per_sequence(r.o.seq_len) : 0) * r.o.batch;
@@ -414,7 +415,7 @@ static void open_inputs(Run& r) {
     const Options& o = r.o;
     if (!o.init_from.empty()) check_hf_checkpoint(r.m, o.init_from);
     if (!o.eval_path.empty()) {
-        if (!r.eval_file) r.eval_file.reset(new TokenFile(o.eval_path, r.cfg.vocab));
+        if (!r.eval_file) r.eval_file.reset(new TokenFile(o.eval_path, r.cfg.vocab, "--eval-data"));
         if (r.eval_file->count < (uint64_t)o.seq_len + 1)
             usage_error("--eval-data '" + o.eval_path + "' holds " + std::to_string(r.eval_file->count) +
                         " tokens; a window of --seq-len " + std::to_string(o.seq_len) + " needs " + std::to_string(o.seq_len + 1));
@@ -640,6 +641,7 @@ int open_run(Run& r) {
     const Options& o = r.o;
     check_host_memory(r);
     open_inputs(r);
+    if (!o.state_dir.empty()) train_state_file(r.m, o.state_dir, r.rank, o.resume);  // before the GPU opens
     open_gpu(r);
     if (o.attention == "auto") choose_attention(r);
     keep_attention_on_device(r);
@@ -647,7 +649,7 @@ int open_run(Run& r) {
     print_attention_plan(r);
     if (r.lead) print_gpu(r);
     if (int code = allocate_on_every_rank(r)) return code;
-    if (!o.timeline_path.empty()) timeline_enable(r.m);
+    if (!o.timeline_path.empty() || !o.trace_path.empty()) timeline_enable(r.m);
     r.m.init_seed = o.seed;  // under --sim-world, also what the other ranks' shards are drawn from
     if (!o.init_from.empty()) load_hf_checkpoint(r.m, o.init_from, r.stream);
     else model_init_weights(r.m, o.seed, r.stream);
@@ -763,6 +765,9 @@ void finish(Run& r) {
     print_ranks(r);
     if (r.log) fclose(r.log);
     if (r.lead && !o.timeline_path.empty()) write_timeline(o.timeline_path, timeline_read(r.m));
+    if (r.lead && !o.trace_path.empty())
+        write_trace(o.trace_path, command_line(o) + " (" + r.prop.name + ")", timeline_read(r.m),
+                    model_memory_trace(r.m, r.arena));
     if (r.lead && !o.mem_trace_path.empty())
         write_mem_trace(o, r.prop.name, r.m, r.arena, r.dm.driver_used_bytes() / GiB);
     if (!o.save_to.empty()) {
@@ -782,6 +787,8 @@ void check_before_launch(const Options& o) {
     plan_run(r);
     check_host_memory(r);
     open_inputs(r);
+    if (!o.state_dir.empty())  // every rank's file, before any process starts
+        for (int rank = 0; rank < o.nproc; rank++) train_state_file(r.m, o.state_dir, rank, o.resume);
     const int visible = visible_gpus();  // none: each process says so in one line (no_gpu_error)
     if (visible > 0 && visible < o.nproc && !o.host_comm)
         usage_error("--nproc " + std::to_string(o.nproc) + " starts one process per GPU, but this machine shows " +

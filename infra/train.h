@@ -32,6 +32,7 @@ struct Options {
     StepOptions step;           // the memory techniques, stage 7's savings, chunk sizes
     std::string attention = "auto";  // --attention: auto | fast | fused | reference (see --help)
     std::string timeline_path;  // --timeline: event timeline of the last step (timeline.cu)
+    std::string trace_path;     // --trace: the same, with memory, as a Chrome trace (io/outputs.cpp)
     std::string dump_path;      // --dump: the first step's loss and every gradient
     int nproc = 1;              // --nproc: processes (GPUs) to start
     int sim_world = 0;          // --sim-world: emulate rank 0 of this many GPUs
@@ -85,6 +86,10 @@ FILE* open_output(const std::string& path, const char* flag);
 // The files of io/outputs.cpp, and the technique flags of a step as typed (logs and traces).
 std::string technique_flags(const StepOptions& s);
 void write_timeline(const std::string& path, const std::vector<TimelineEntry>& tl);
+// --trace: the timeline's marks as complete events ("X") on one track per stream, the memory per
+// category at each progress point as counters ("C"), in Chrome's trace-event JSON.
+void write_trace(const std::string& path, const std::string& title, const std::vector<TimelineEntry>& tl,
+                 const std::vector<MemTracePoint>& memory);
 void write_mem_trace(const Options& o, const char* gpu, const Model& m, const Arena& arena, double driver_gib);
 void write_dump(const std::string& path, double loss, const std::vector<float>& grads);
 extern const char* FUSED_NEEDS_FAST_KERNELS;

@@ -396,9 +396,9 @@ void save_hf_checkpoint(Model& m, const std::string& dir, bool bf16, cudaStream_
 
 // =============================================================================================
 // Token files
-TokenFile::TokenFile(const std::string& path, int vocab) {
-    std::unique_ptr<Mapped> f(new Mapped(path, "--data"));
-    const TokenFileContents c = check_token_file(f->data, f->size, vocab, "--data '" + path + "'");
+TokenFile::TokenFile(const std::string& path, int vocab, const std::string& flag) {
+    std::unique_ptr<Mapped> f(new Mapped(path, flag));
+    const TokenFileContents c = check_token_file(f->data, f->size, vocab, flag + " '" + path + "'");
     count = c.count, version = c.version;
     tokens = (const uint32_t*)(f->data + c.tokens_at);
     doc_starts.resize(c.version == 1 ? (count > 0) : c.docs);
@@ -479,10 +479,24 @@ void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t d
     }
 }
 
-bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t* data_state, cudaStream_t s) {
-    if (!exists(dir + "/latest")) return false;
-    std::string name = read_input_text(dir + "/latest", "--state-dir");
-    const std::string path = dir + "/" + name + "/rank-" + std::to_string(m.comm->rank) + ".state";
+// "step-N": what save_train_state writes into `latest`.
+static bool is_step_name(const std::string& name) {
+    if (name.size() < 6 || name.size() > 24 || name.rfind("step-", 0) != 0) return false;
+    return std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::string train_state_file(const Model& m, const std::string& dir, int rank, bool resume) {
+    const std::string pointer = dir + "/latest";
+    if (!path_present(pointer)) return "";  // lstat: a dangling link is present, and refused below
+    std::string name = read_input_text(pointer, "--state-dir", 64);  // a link to nowhere or to itself, a folder: refused
+    if (!name.empty() && name.back() == '\n') name.pop_back();  // as `echo step-4 > latest` writes it
+    if (!is_step_name(name))
+        usage_error("--state-dir: '" + pointer + "' should name a step folder (step-N); it holds " +
+                    std::to_string(name.size()) + " other bytes");
+    if (!is_directory(dir + "/" + name))
+        usage_error("--state-dir: '" + pointer + "' names " + name + ", which is not a folder of '" + dir + "'");
+    if (!resume) return "";
+    const std::string path = dir + "/" + name + "/rank-" + std::to_string(rank) + ".state";
     Mapped f(path, "--resume");
     StateHeader h;
     if (f.size < sizeof h) usage_error("--resume: '" + path + "' is truncated");
@@ -497,6 +511,7 @@ bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t*
                         std::to_string(now));
     };
     mismatch("GPUs", h.world, m.world);
+    mismatch("rank", h.rank, rank);
     mismatch("--fsdp", h.fsdp, m.opt.fsdp);
     mismatch("hidden size", h.dim, m.cfg.dim);
     mismatch("layers", h.layers, m.cfg.n_layers);
@@ -505,6 +520,15 @@ bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t*
     mismatch("parameters per GPU", h.local_params, m.local_params);
     if (f.size != sizeof h + 3 * (size_t)m.local_params * sizeof(float))
         usage_error("--resume: '" + path + "' is truncated or corrupt");
+    return path;
+}
+
+bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t* data_state, cudaStream_t s) {
+    const std::string path = train_state_file(m, dir, m.comm->rank, true);
+    if (path.empty()) return false;
+    Mapped f(path, "--resume");
+    StateHeader h;
+    memcpy(&h, f.data, sizeof h);
     const uint8_t* p = f.data + sizeof h;
     for (float* arr : {m.master, m.adam_m, m.adam_v}) {  // on s, which the step uses: the wait below covers them
         CUDA_CHECK(cudaMemcpyAsync(arr, p, m.local_params * sizeof(float), cudaMemcpyHostToDevice, s));

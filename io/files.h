@@ -29,7 +29,8 @@ struct TokenFile {
     uint32_t version = 1;
     std::vector<uint64_t> doc_starts;  // ascending, the first 0 (version 1: one document, {0})
     Mapped* map = nullptr;
-    TokenFile(const std::string& path, int vocab);  // every token checked against the vocabulary
+    // Every token checked against the vocabulary; a bad file is a usage error naming `flag` and the path.
+    TokenFile(const std::string& path, int vocab, const std::string& flag = "--data");
     ~TokenFile();
     TokenFile(const TokenFile&) = delete;
     TokenFile& operator=(const TokenFile&) = delete;
@@ -42,3 +43,8 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
 void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t data_state, cudaStream_t s,
                       double timeout_s);
 bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t* data_state, cudaStream_t s);
+// --state-dir, checked before any GPU work: `latest` (read by every run that saves, to keep the
+// state before it), when present, names a step folder of dir; with `resume`, rank `rank`'s file
+// there is a training state of this run's shape (header and size). Returns that file, or "" where
+// there is no state yet. Anything else is a usage error naming the file.
+std::string train_state_file(const Model& m, const std::string& dir, int rank, bool resume);

@@ -1,4 +1,4 @@
-// io/outputs.cpp - the files a run writes besides its log: --timeline, --mem-trace, --dump.
+// io/outputs.cpp - the files a run writes besides its log: --timeline, --trace, --mem-trace, --dump.
 #include <cstdio>
 
 #include "infra/memory.h"
@@ -31,6 +31,45 @@ void write_timeline(const std::string& path, const std::vector<TimelineEntry>& t
                 (long long)tl[i].bytes, i + 1 < tl.size() ? "," : "");
     fprintf(f, "]\n");
     fclose(f);
+}
+
+// --trace: Chrome's trace-event format (the "JSON object" form), which Perfetto and
+// chrome://tracing open. One process, one track per stream in the order the step uses them;
+// each mark a complete event ("X", microseconds from the step's start) named by what it does and
+// its layer (FSDP's marks: its unit), with its bytes; the memory per category at each progress
+// point a counter track ("C", GiB). Marks of one stream nest, as the viewers expect.
+void write_trace(const std::string& path, const std::string& title, const std::vector<TimelineEntry>& tl,
+                 const std::vector<MemTracePoint>& memory) {
+    FILE* f = open_output(path, "--trace");
+    const char* tracks[] = {"compute", "fsdp", "copy"};
+    auto track_of = [&](const std::string& stream) {
+        for (int k = 0; k < 3; k++)
+            if (stream == tracks[k]) return k;
+        return 3;
+    };
+    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"command\": \"%s\"}, \"traceEvents\": [\n",
+            json_escape(title).c_str());
+    fprintf(f, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"args\": {\"name\": \"the last step\"}}");
+    for (int k = 0; k < 3; k++)
+        fprintf(f, ",\n  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
+                k, tracks[k]);
+    for (const TimelineEntry& e : tl) {
+        const bool unit = e.stream == "fsdp";  // FSDP's marks hold the unit, not a layer
+        std::string name = e.what;
+        if (e.layer >= 0) name += (unit ? " unit " : " ") + std::to_string(e.layer);
+        fprintf(f, ",\n  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 1, "
+                   "\"tid\": %d, \"args\": {\"%s\": %d, \"bytes\": %lld}}",
+                json_escape(name).c_str(), json_escape(e.stream).c_str(), e.start_ms * 1000,
+                (e.end_ms - e.start_ms) * 1000, track_of(e.stream), unit ? "unit" : "layer", e.layer,
+                (long long)e.bytes);
+    }
+    for (const MemTracePoint& p : memory) {
+        fprintf(f, ",\n  {\"name\": \"memory (GiB)\", \"ph\": \"C\", \"ts\": %.3f, \"pid\": 1, \"args\": {", p.t_ms * 1000);
+        for (int c = 0; c < MEM_NUM_CATEGORIES; c++) fprintf(f, "%s\"%s\": %.4f", c ? ", " : "", mem_category_name(c), p.live[c] / GiB);
+        fprintf(f, ", \"host pinned\": %.4f}}", p.host / GiB);
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f) != 0) runtime_error("writing --trace file '" + path + "' failed");
 }
 
 // --mem-trace: one JSON line for the run, then one per progress event of the last step.

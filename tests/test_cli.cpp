@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <set>
 #include <functional>
 
 #include "../llama.h"
 #include "../infra/evaluate.h"
 #include "../infra/train.h"
+#include "../io/json.h"
 #include "test_util.h"
 
 namespace {
@@ -318,6 +320,49 @@ TEST(MemoryPlan, LongestContextIsTheLastThatFits) {
     EXPECT_GT(plan_memory(c, o, n + 1024).total_gib(0.55), 80.0);
 }
 
+// --trace writes Chrome's trace-event JSON: a track per stream, each mark a complete event with its
+// layer (or unit) and bytes, memory as counters; strict JSON (our reader refuses anything else).
+TEST(Trace, ChromeTraceEventsFromTheTimeline) {
+    const std::string path = testing::TempDir() + "trace.json";
+    const std::vector<TimelineEntry> tl = {{"compute", "forward", 0, 0.5, 2.0, 0},
+                                           {"compute", "all-to-all", 0, 0.75, 1.0, 4096},
+                                           {"fsdp", "gather", 3, 0.25, 0.5, 1 << 20},
+                                           {"copy", "x_in to host", 1, 1.0, 1.25, 2048}};
+    MemTracePoint mem;
+    mem.point = "fwd", mem.layer = 0, mem.t_ms = 2.0, mem.live[MEM_MODEL] = 1 << 30, mem.host = 1 << 29;
+    write_trace(path, "./train \"quoted\"", tl, {mem});
+    std::ifstream f(path);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    JsonDoc doc(text, path);
+    const auto events = doc.root().get("traceEvents");
+    ASSERT_TRUE(events && events->kind() == JsonKind::Array);
+    std::map<std::string, int> by_phase;
+    for (const JsonValue& e : events->elements()) {
+        const std::string ph(e.get("ph")->string());
+        by_phase[ph]++;
+        if (ph != "X") continue;
+        const std::string name(e.get("name")->string());
+        const int tid = (int)e.get("tid")->integer();
+        if (name == "all-to-all 0") {
+            EXPECT_EQ(tid, 0);
+            EXPECT_DOUBLE_EQ(e.get("ts")->number(), 750.0);
+            EXPECT_DOUBLE_EQ(e.get("dur")->number(), 250.0);
+            EXPECT_EQ(e.get("args")->get("bytes")->integer(), 4096);
+        }
+        if (name == "gather unit 3") {
+            EXPECT_EQ(tid, 1);
+            EXPECT_EQ(e.get("args")->get("unit")->integer(), 3);
+        }
+        if (name == "x_in to host 1") {
+            EXPECT_EQ(tid, 2);
+        }
+    }
+    EXPECT_EQ(by_phase["X"], 4);
+    EXPECT_EQ(by_phase["M"], 4);  // the process's name, each stream's
+    EXPECT_EQ(by_phase["C"], 1);
+    EXPECT_EQ(doc.root().get("otherData")->get("command")->string(), "./train \"quoted\"");
+}
+
 TEST(Flags, MemoryTechniques) {
     Options o = parse({"--offload", "--chunked", "--chunk-tokens", "2K"});
     EXPECT_TRUE(o.step.offload);
@@ -328,6 +373,7 @@ TEST(Flags, MemoryTechniques) {
     EXPECT_EQ(fatal_code([] { parse({"--ckpt=some"}); }), EXIT_USAGE);
     EXPECT_EQ(fatal_code([] { parse({"--chunk-tokens", "100"}); }), EXIT_USAGE);  // needs --chunked
     EXPECT_EQ(parse({"--timeline", "t.json"}).timeline_path, "t.json");  // any run (infra/timeline.cu)
+    EXPECT_EQ(parse({"--trace", "t.json"}).trace_path, "t.json");
     EXPECT_TRUE(parse({"--attention", "fused"}).step.fused_attention);
     EXPECT_FALSE(parse({"--attention", "fast"}).step.fused_attention);
     // auto (the default) plans the lean backward until a run (or --plan with a cap) sees the fused one fit.

@@ -938,6 +938,36 @@ TEST(Resume, FromAnEarlierCheckpointReproducesTheLosses) {
     EXPECT_NE(c.output.find("vocabulary pieces 1, this run has 2"), std::string::npos) << c.output;
 }
 
+// --state-dir is checked before any GPU work, with or without --resume (a run that saves reads
+// `latest` too): a pointer that dangles, loops or names no step folder, and with --resume a rank
+// file that is not this run's state, are usage errors naming the file (runs without a GPU too).
+TEST(Resume, BadStateIsRefusedBeforeTheGpu) {
+    if (!have_train()) GTEST_SKIP() << "./train not built";
+    const std::string dir = tmpdir("bad_state");
+    const std::string run = "./train --config tiny --seq-len 128 --steps 1 --state-dir " + dir;
+    auto expect = [&](const std::string& flags, const std::string& why) {
+        SCOPED_TRACE(flags + ": " + why);
+        Result r = sh(run + flags);
+        EXPECT_EQ(r.code, 2) << r.output;
+        EXPECT_NE(r.output.find(why), std::string::npos) << r.output;
+    };
+    symlink((dir + "/nowhere").c_str(), (dir + "/latest").c_str());
+    expect(" --state-every 1", "a symbolic link to a file that does not exist");
+    unlink((dir + "/latest").c_str());
+    symlink((dir + "/latest").c_str(), (dir + "/latest").c_str());
+    expect(" --resume", "a loop of symbolic links");
+    unlink((dir + "/latest").c_str());
+    std::ofstream(dir + "/latest") << "../../etc";
+    expect(" --state-every 1", "should name a step folder (step-N)");
+    std::ofstream(dir + "/latest") << "step-4\n";
+    expect(" --resume", "names step-4, which is not a folder");
+    mkdir((dir + "/step-4").c_str(), 0755);
+    expect(" --resume", "step-4/rank-0.state': no such file");
+    std::ofstream(dir + "/step-4/rank-0.state") << std::string(200, 'x');
+    expect(" --resume", "is not a training state file");
+    expect(" --resume --nproc 2", "is not a training state file");  // said once, before the ranks start
+}
+
 TEST(Resume, AfterAKillAtAnyMoment) {
     REQUIRE_GPU();
     if (!have_train()) GTEST_SKIP() << "./train not built";
