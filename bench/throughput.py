@@ -2,7 +2,8 @@
 """bench/throughput.py - full-depth tokens/s per GPU from bench/throughput.sh's few-layer runs.
 
 For each NAME it reads NAME.plan.txt (the full-depth plan), NAME.log (the short run's own plan),
-NAME.jsonl (its step time) and NAME.timeline.json (its marks, infra/timeline.cu). Both plans say, in
+NAME.jsonl (its step time) and NAME.trace.json (its marks, ./train --trace; NAME.timeline.json for the
+runs committed before it). Both plans say, in
 their "selective checkpointing" line, what each layer does with its attention output and block
 input (train.cpp), so every layer is of one kind:
 
@@ -163,6 +164,24 @@ def phase_clocks(d, name, marks, step_record):
     return out or None
 
 
+def read_marks(d, name):
+    """The marks of a run's last step: NAME.trace.json (./train --trace, Chrome's trace-event
+    format: each complete event carries its stream as "cat" and what, layer or unit and bytes in
+    "args"), or NAME.timeline.json (--timeline, the runs committed before --trace), as
+    {stream, what, layer, start_ms, end_ms, bytes}."""
+    trace = os.path.join(d, name + ".trace.json")
+    if not os.path.exists(trace):
+        return json.load(open(os.path.join(d, name + ".timeline.json")))
+    marks = []
+    for e in json.load(open(trace))["traceEvents"]:
+        if e.get("ph") != "X":
+            continue
+        a = e["args"]
+        marks.append({"stream": e["cat"], "what": a["what"], "layer": a.get("layer", a.get("unit")),
+                      "start_ms": e["ts"] / 1000.0, "end_ms": (e["ts"] + e["dur"]) / 1000.0, "bytes": a["bytes"]})
+    return marks
+
+
 def pair_share(command, seq):
     """Of causal attention's pairs, the share a run's attention computes: 1 without --doc-mask;
     with --doc-lengths L,L (documents of L tokens from the window's start, the last cut off) the
@@ -202,7 +221,7 @@ def summarize(d, name, commit, nvlink_gbs, out_dir, gpus_per_node=8, cross_node_
     steps = [l for l in lines if l.get("type") == "step"]
     run = lines[0]
     step = steps[-1]["step_time_s"]
-    marks = json.load(open(os.path.join(d, name + ".timeline.json")))
+    marks = read_marks(d, name)
     run_kinds = layer_kinds(open(os.path.join(d, name + ".log")).read())
 
     # The run's layers, the first of each kind timing that kind; the rest of the step is fixed.

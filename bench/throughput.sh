@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/throughput.sh - tokens/s per GPU at full depth for long contexts, from a few layers run at
-# the real length (make throughput). Logs, timelines and NAME.throughput.json go to $OUT
+# the real length (make throughput). Logs, traces and NAME.throughput.json go to $OUT
 # (gpu_logs/throughput); results/throughput/throughput_h200.json collects them.
 #
 # For each model in CONFIGS (llama3.1-8b llama3.2-3b) and length in SEQS (3M 4M 5M), as rank 0 of
@@ -55,7 +55,7 @@ for cfg in $CONFIGS; do for seq in $SEQS; do
     -l 10 > "$L/$name.gpu.csv" 2>&1 &
   smi=$!
   timeout ${RUN_TIMEOUT:-1800} ./train $base $run \
-    --timeline "$L/$name.timeline.json" --log "$L/$name.jsonl" > "$L/$name.log" 2>&1
+    --trace "$L/$name.trace.json" --log "$L/$name.jsonl" > "$L/$name.log" 2>&1
   echo "exit $?"; kill $smi 2>/dev/null; grep -E "^step|out of memory|error" "$L/$name.log" | tail -n 2
 done; done
 python3 bench/throughput.py --dir "$L" --commit "${TRAIN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" \

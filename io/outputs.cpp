@@ -58,10 +58,10 @@ void write_trace(const std::string& path, const std::string& title, const std::v
         std::string name = e.what;
         if (e.layer >= 0) name += (unit ? " unit " : " ") + std::to_string(e.layer);
         fprintf(f, ",\n  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 1, "
-                   "\"tid\": %d, \"args\": {\"%s\": %d, \"bytes\": %lld}}",
+                   "\"tid\": %d, \"args\": {\"what\": \"%s\", \"%s\": %d, \"bytes\": %lld}}",
                 json_escape(name).c_str(), json_escape(e.stream).c_str(), e.start_ms * 1000,
-                (e.end_ms - e.start_ms) * 1000, track_of(e.stream), unit ? "unit" : "layer", e.layer,
-                (long long)e.bytes);
+                (e.end_ms - e.start_ms) * 1000, track_of(e.stream), json_escape(e.what).c_str(),
+                unit ? "unit" : "layer", e.layer, (long long)e.bytes);
     }
     for (const MemTracePoint& p : memory) {
         fprintf(f, ",\n  {\"name\": \"memory (GiB)\", \"ph\": \"C\", \"ts\": %.3f, \"pid\": 1, \"args\": {", p.t_ms * 1000);

@@ -348,6 +348,7 @@ TEST(Trace, ChromeTraceEventsFromTheTimeline) {
             EXPECT_DOUBLE_EQ(e.get("ts")->number(), 750.0);
             EXPECT_DOUBLE_EQ(e.get("dur")->number(), 250.0);
             EXPECT_EQ(e.get("args")->get("bytes")->integer(), 4096);
+            EXPECT_EQ(e.get("args")->get("what")->string(), "all-to-all");
         }
         if (name == "gather unit 3") {
             EXPECT_EQ(tid, 1);
