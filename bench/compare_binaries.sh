@@ -8,7 +8,8 @@
 #   suites   every test binary of $SUITE_BIN (build/tests), with its counts and time
 #   both     the two
 # OLD=the previous ./train (required for same), NEW=./train; logs under $OUT (default /tmp/out).
-# results/parity/card_reorganisation_vs_previous_binary.txt came from it.
+# results/parity/card_reorganisation_vs_previous_binary.txt came from it (removed from main:
+# git show 7d8ad1a:results/parity/card_reorganisation_vs_previous_binary.txt).
 set -u
 what=${1:-both}
 export NCCL_NVLS_ENABLE=0
