@@ -40,8 +40,8 @@
 // GEMMs large enough to run at full speed); C_loss keeps one chunk's bf16 logits near 1 GiB
 // (4096 tokens for a 128K vocabulary). Neither needs to divide T.
 //
-// The plain model already walks its tokens this way, in one chunk of all T tokens; --chunked
-// only makes the chunks smaller. The loops are the two functions at the end of this file.
+// The plain model already walks its tokens this way, in one chunk of all T tokens (the loops
+// for_each_token_chunk and for_each_loss_chunk, llama.cu); --chunked only makes the chunks smaller.
 #include <algorithm>
 
 #include "llama.h"
@@ -66,14 +66,4 @@ void chunked_plan(Model& m) {
     m.plan.chunk_rows = chunk_rows_for(m.cfg, m.opt, T);
     m.plan.loss_rows = loss_chunk_rows_for(m.cfg, m.opt, T);
     m.plan.norms_mlp = Hold::RECOMPUTED;  // one chunk's worth, rebuilt in the backward
-}
-
-void for_each_token_chunk(const Model& m, const std::function<void(int64_t t0, int64_t t1)>& f) {
-    const int64_t T = m.shape.tokens(), C = m.plan.chunk_rows;
-    for (int64_t t0 = 0; t0 < T; t0 += C) f(t0, std::min(t0 + C, T));
-}
-
-void for_each_loss_chunk(const Model& m, const std::function<void(int64_t t0, int64_t n)>& f) {
-    const int64_t T = m.shape.tokens(), C = m.plan.loss_rows;
-    for (int64_t t0 = 0; t0 < T; t0 += C) f(t0, std::min(C, T - t0));
 }

@@ -103,12 +103,30 @@ int64_t fsdp_local_params(const ParamLayout& lay, bool sharded, int world) {
     return n;
 }
 
+void fsdp_plan(Model& m) {
+    step_hook(m, STEP_BEGIN, [](Model& m, int, cudaStream_t s) { fsdp_step_begin(m, s); });
+    step_hook(m, STEP_END, [](Model& m, int, cudaStream_t s) { fsdp_step_end(m, s); });
+    setup_hook(m, fsdp_create, fsdp_destroy);
+}
+
+// Model states, 16 bytes per parameter: all of them, or (--fsdp) this GPU's shards. The bf16
+// weights that compute reads exist only for the units in use.
+static void declare_model_states(Model& m, Arena& A) {
+    const int64_t P = m.local_params = fsdp_local_params(m.layout, m.opt.fsdp, m.world);
+    m.master = A.take<float>("master weights (fp32)", MEM_MODEL, P);
+    m.grad = A.take<float>("gradients (fp32)", MEM_MODEL, P);
+    m.adam_m = A.take<float>("AdamW first moment", MEM_MODEL, P);
+    m.adam_v = A.take<float>("AdamW second moment", MEM_MODEL, P);
+}
+
 void fsdp_declare_buffers(Model& m, Arena& A) {
+    declare_model_states(m, A);
     if (!m.fsdp) m.fsdp = std::make_shared<Fsdp>();
     Fsdp& f = *m.fsdp;
     f.padded.clear(), f.shard.clear(), f.shard_offset.clear();
     f.max_padded = f.max_shard = 0;
     describe(f, m.layout, m.opt.fsdp, m.world, m.comm ? m.comm->rank : 0);
+    m.segments = fsdp_segments(m);
     const int U = m.layout.num_units();
     m.unit_w.assign(U, nullptr);
     m.unit_g.assign(U, nullptr);

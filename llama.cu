@@ -24,9 +24,10 @@
 //
 // Every per-token piece of a layer works on a token range [t0, t1): a layer walks its tokens in
 // chunks, one chunk of all T tokens in the plain step, chunks of C tokens under --chunked. The
-// plain step keeps every activation for the backward. Each technique enters through a named
-// hook, a no-op or the plain path when its flag is off; docs/design.md lists where each flag
-// changes the step, and a test keeps that list true.
+// plain step keeps every activation for the backward. Each technique enters through its *_plan:
+// where activations live (the ActivationPlan), and hooks at fixed places of the step (StepPlace,
+// llama.h); attention is one sub-layer (ulysses.cu). docs/design.md lists where each flag changes
+// the step, and a test keeps that list true.
 #include <algorithm>
 
 #include "llama.h"
@@ -37,67 +38,68 @@ static P at(P base, int64_t t0, int64_t width) {
     return base + t0 * width;
 }
 
-// Where layer l's projection writes q|k|v of this GPU's tokens: the layer's qkv, or under Ulysses
-// its staging, from where the all-to-all sends it (ulysses.cu).
-static bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? ulysses_qkv_of_tokens(m) : m.layers[l].qkv; }
-// Where the backward finds d q|k|v of this GPU's tokens: the step's dqkv, or Ulysses's staging.
-static bf16* dqkv_of_tokens(Model& m) { return m.ulysses ? ulysses_dqkv_of_tokens(m) : m.dqkv; }
-// x_mid: the layer's own rows of it, or one chunk's buffer when checkpointing recomputes it.
-static bf16* x_mid_rows(Model& m, int l, int64_t t0) {
-    LayerActivations& a = m.layers[l];
-    return m.plan.x_mid == Hold::PER_LAYER ? at(a.x_mid, t0, m.cfg.dim) : a.x_mid;
+// The token chunks a layer and the head walk: all T tokens at once, or (--chunked, chunked.cu)
+// chunks of the plan's chunk_rows and loss_rows.
+void for_each_token_chunk(const Model& m, const std::function<void(int64_t t0, int64_t t1)>& f) {
+    const int64_t T = m.shape.tokens(), C = m.plan.chunk_rows;
+    for (int64_t t0 = 0; t0 < T; t0 += C) f(t0, std::min(t0 + C, T));
 }
 
-// The shape of one attention call: every head of each sequence, or this GPU's share of the
-// heads over the whole sequence (Ulysses), or one head chunk (Untied Ulysses).
-static AttentionShape attention_call_shape(const Model& m) {
-    if (m.untied) return untied_attention_shape(m);
-    if (m.ulysses) return ulysses_attention_shape(m);
-    return {m.shape.batch, m.shape.seq, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim};
+void for_each_loss_chunk(const Model& m, const std::function<void(int64_t t0, int64_t n)>& f) {
+    const int64_t T = m.shape.tokens(), C = m.plan.loss_rows;
+    for (int64_t t0 = 0; t0 < T; t0 += C) f(t0, std::min(C, T - t0));
 }
 
 // =============================================================================================
-// One layer's forward: x_in -> x_out, keeping what the backward reads. The attention sub-block
-// is a function of its own: checkpointing reruns it, Untied Ulysses does it head chunk by head
-// chunk. The MLP half walks the token chunks.
-static void layer_forward(Model& m, int l, cudaStream_t s) {
-    selective_before_attention(m, l, s);   // beyond/selective.cu: the attention output's staging slot is free
-    attention_block_forward(m, l, s);      // att, lse = attention(rope(norm(x_in) Wqkv^T))
-    selective_after_attention(m, l, s);    // beyond/selective.cu: att, lse to the host
-    offload_before_layer_output(m, l, s);  // offload.cu: the output's slot holds no input still on its way out
-    TimelineMark mark(m, s, "compute", "mlp forward", l);
-    block_output_forward(m, l, s);         // x_out = x_mid + W2 silu(W1 xn2) * (W3 xn2), x_mid = x_in + att Wo^T
+// Where the techniques enter the step. Each technique's *_plan adds its hooks at the places of
+// StepPlace (llama.h); a place runs its hooks in the ladder's order, the backward's in reverse.
+void step_hook(Model& m, StepPlace place, StepHook hook) { m.hooks.at[place].push_back(hook); }
+
+void setup_hook(Model& m, void (*create)(Model&), void (*destroy)(Model&)) {
+    m.hooks.create.push_back(create);
+    m.hooks.destroy.insert(m.hooks.destroy.begin(), destroy);  // the last made is the first freed
 }
 
-void attention_block_forward(Model& m, int l, cudaStream_t s) {
-    if (m.untied) return untied_attention_forward(m, l, s);  // ulysses.cu: head chunk by head chunk
-    qkv_forward(m, l, s);
-    if (m.ulysses) return ulysses_attention_forward(m, l, s);  // ulysses.cu: all-to-alls around it
+static void run_hooks(Model& m, StepPlace place, int l, cudaStream_t s) {
+    const std::vector<StepHook>& hooks = m.hooks.at[place];
+    if (place == LAYER_BACKWARD_BEGIN)
+        for (auto h = hooks.rbegin(); h != hooks.rend(); ++h) (*h)(m, l, s);
+    else
+        for (StepHook h : hooks) h(m, l, s);
+}
+
+// A unit's weights (WEIGHTS) and its gradient (GRADIENTS) in use from unit_begin to unit_end:
+// fsdp.cu gathers the weights and reduce-scatters the gradient (all-reduces it when replicated).
+// `last`: the unit's last contribution to its gradient in the step.
+enum UnitUse { WEIGHTS = 1, GRADIENTS = 2, WEIGHTS_AND_GRADIENTS = 3 };
+static void unit_begin(Model& m, int u, int use, cudaStream_t s) {
+    if (use & WEIGHTS) fsdp_acquire(m, u, s);
+    if (use & GRADIENTS) fsdp_grad_begin(m, u, s);
+}
+static void unit_end(Model& m, int u, int use, cudaStream_t s, bool last = true) {
+    if (use & GRADIENTS) fsdp_grad_end(m, u, last, s);
+    if (use & WEIGHTS) fsdp_release(m, u, s);
+}
+
+// =============================================================================================
+// One layer's forward: x_in -> x_out, keeping what the backward reads. Attention is one sub-layer
+// (ulysses.cu: plain, Ulysses or Untied), which checkpointing reruns; the rest of the block walks
+// the token chunks.
+static void layer_forward(Model& m, int l, cudaStream_t s) {
+    attention_block_forward(m, l, s);     // att, lse = attention(rope(norm(x_in) Wqkv^T))
+    run_hooks(m, AFTER_ATTENTION, l, s);  // offload.cu: the output's slot is free; selective: att to the host
+    TimelineMark mark(m, s, "compute", "mlp forward", l);
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { block_output_forward(m, l, t0, t1, s); });
+}
+
+// Tokens [t0, t1) of the block after attention: x_mid = x_in + att Wo^T, xn2 = norm(x_mid),
+// act = silu(xn2 W1^T) * (xn2 W3^T), x_out = x_mid + act W2^T.
+void block_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
-    const int64_t QKV = c.qkv_dim();
-    const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + c.q_dim(), .v = a.qkv + c.q_dim() + c.kv_dim(),
-                                  .ldq = QKV, .ldk = QKV, .ldv = QKV, .out = a.att, .ldo = c.q_dim(), .lse = a.lse,
-                                  .docs = step_attention_docs(m)};
-    layer_attention_forward(m, l, fa, attention_call_shape(m), s);
-}
-
-// xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; (Qwen3: q and k normalized per head); RoPE on q and k
-// (positions of this GPU's tokens).
-void qkv_forward(Model& m, int l, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    const int64_t QKV = c.qkv_dim();
-    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
-        bf16* qkv = at(qkv_of_tokens(m, l), t0, QKV);
-        attention_norm_forward(m, l, t0, t1, s);
-        linear_forward(qkv, m.layers[l].xn1, m.w(P_WQKV, l), nullptr, t1 - t0, c.dim, QKV, s);
-        if (c.qk_norm()) {
-            head_norm_forward(m, P_Q_NORM, l, qkv, QKV, c.n_heads, t1 - t0, s);
-            head_norm_forward(m, P_K_NORM, l, qkv + c.q_dim(), QKV, c.n_kv_heads, t1 - t0, s);
-        }
-        rope_apply(qkv, t1 - t0, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim,
-                   QKV, m.inv_freq, false, s, step_doc_positions(m));
-    });
+    attention_output_forward(m, l, t0, t1, s);
+    mlp_input_forward(m, l, t0, t1, s);
+    linear_forward(at(a.x_out, t0, c.dim), a.act, m.w(P_W2, l), a.x_mid_rows(t0), t1 - t0, c.ffn_dim, c.dim, s);
 }
 
 void attention_norm_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
@@ -106,8 +108,14 @@ void attention_norm_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_
     rmsnorm_forward(a.xn1, a.rstd1, at(a.x_in, t0, c.dim), m.w(P_ATTN_NORM, l), t1 - t0, c.dim, c.norm_eps, s);
 }
 
-void head_norm_forward(Model& m, ParamKind which, int l, bf16* x, int64_t ld, int heads, int64_t n, cudaStream_t s) {
-    head_rmsnorm_forward(x, ld, m.w(which, l), n, heads, m.cfg.head_dim, m.cfg.norm_eps, s);
+// Qwen3 (cfg.qk_norm()): q and k normalized per head before RoPE, in place: q_heads heads of each
+// of n rows ldq apart, and (k not null) kv_heads of rows ldk apart. Nothing for Llama.
+void qk_norm_forward(Model& m, int l, bf16* q, int64_t ldq, int q_heads, bf16* k, int64_t ldk, int kv_heads, int64_t n,
+                     cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    if (!c.qk_norm()) return;
+    head_rmsnorm_forward(q, ldq, m.w(P_Q_NORM, l), n, q_heads, c.head_dim, c.norm_eps, s);
+    if (k) head_rmsnorm_forward(k, ldk, m.w(P_K_NORM, l), n, kv_heads, c.head_dim, c.norm_eps, s);
 }
 
 void head_norm_backward(Model& m, ParamKind which, int l, bf16* dx, int64_t ld, const bf16* raw, int64_t ld_raw,
@@ -116,23 +124,11 @@ void head_norm_backward(Model& m, ParamKind which, int l, bf16* dx, int64_t ld, 
                           m.norm_partial, s);
 }
 
-// The rest of the block after attention, chunk by chunk: x_out from x_in and att.
-void block_output_forward(Model& m, int l, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
-        attention_output_forward(m, l, t0, t1, s);
-        mlp_input_forward(m, l, t0, t1, s);
-        linear_forward(at(a.x_out, t0, c.dim), a.act, m.w(P_W2, l), x_mid_rows(m, l, t0), t1 - t0, c.ffn_dim, c.dim,
-                       s);  // x_out = x_mid + act W2^T
-    });
-}
-
 // x_mid = x_in + att Wo^T (one GEMM with the residual as C).
 void attention_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
-    linear_forward(x_mid_rows(m, l, t0), at(a.att, t0, c.q_dim()), m.w(P_WO, l), at(a.x_in, t0, c.dim), t1 - t0,
+    linear_forward(a.x_mid_rows(t0), at(a.att, t0, c.q_dim()), m.w(P_WO, l), at(a.x_in, t0, c.dim), t1 - t0,
                    c.q_dim(), c.dim, s);
 }
 
@@ -141,48 +137,31 @@ void mlp_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) 
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
     const int64_t n = t1 - t0;
-    rmsnorm_forward(a.xn2, a.rstd2, x_mid_rows(m, l, t0), m.w(P_MLP_NORM, l), n, c.dim, c.norm_eps, s);
+    rmsnorm_forward(a.xn2, a.rstd2, a.x_mid_rows(t0), m.w(P_MLP_NORM, l), n, c.dim, c.norm_eps, s);
     linear_forward(a.h13, a.xn2, m.w(P_W13, l), nullptr, n, c.dim, 2 * c.ffn_dim, s);
     swiglu_forward(a.act, a.h13, n, c.ffn_dim, s);
 }
 
-void layer_attention_forward(Model& m, int l, const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s) {
-    TimelineMark mark(m, s, "compute", "attention forward", l);
-    attention_forward(a, sh, s);
-}
-
-void layer_attention_backward(Model& m, int l, const AttentionBackwardArgs& a, const AttentionShape& sh,
-                              cudaStream_t s) {
-    TimelineMark mark(m, s, "compute", "attention backward", l);
-    attention_backward(a, sh, s);
-}
-
 // =============================================================================================
 // One layer's backward. On entry m.dres holds d loss / d x_out of layer l; on exit d loss / d x_in.
-static void attention_rerun(Model& m, int l, cudaStream_t s);
-static void block_output_backward(Model& m, int l, cudaStream_t s);
-static void attention_block_backward(Model& m, int l, cudaStream_t s);
+static void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
 
 static void layer_backward(Model& m, int l, cudaStream_t s) {
-    attention_rerun(m, l, s);           // what the plan did not keep of the attention sub-block
-    block_output_backward(m, l, s);     // dres: d loss / d x_out -> d loss / d x_mid; d att
+    recompute_attention(m, l, s);  // offload.cu: what the plan did not keep of the attention sub-layer
+    {
+        TimelineMark mark(m, s, "compute", "mlp backward", l);  // dres: d x_out -> d x_mid; d att
+        for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { mlp_backward(m, l, t0, t1, s); });
+    }
     attention_block_backward(m, l, s);  // dres += d loss / d x_in through attention
 }
 
-static void attention_rerun(Model& m, int l, cudaStream_t s) {
-    TimelineMark mark(m, s, "compute", "attention rerun", l);
-    if (m.opt.selective) selective_recompute_attention(m, l, s);  // beyond/selective.cu: q|k|v, attention where not kept
-    else recompute_attention(m, l, s);                           // offload.cu: the sub-block's forward
-}
-
 // The MLP half, chunk by chunk. On entry dres[t0:t1] is d loss / d x_out; on exit d loss / d x_mid,
-// and datt[t0:t1] is filled.
+// and d att of the chunk is taken.
 static void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
     const int64_t n = t1 - t0, D = c.dim, F = c.ffn_dim, QD = c.q_dim();
     recompute_mlp_inputs(m, l, t0, t1, s);  // offload.cu (checkpointing): x_mid, xn2, h13, act, if not kept
-    bf16* x_mid = x_mid_rows(m, l, t0);
     bf16* dres = at(m.dres, t0, D);
     // x_out = x_mid + act W2^T
     linear_backward_input(m.dact, dres, m.w(P_W2, l), n, F, D, s);
@@ -190,60 +169,11 @@ static void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s
     swiglu_backward(m.dh13, m.dact, a.h13, n, F, s);
     linear_backward_input(m.dxn, m.dh13, m.w(P_W13, l), n, D, 2 * F, s);
     linear_backward_weight(m.g(P_W13, l), m.dh13, a.xn2, n, D, 2 * F, s);
-    rmsnorm_backward(dres, m.g(P_MLP_NORM, l), m.dxn, x_mid, m.w(P_MLP_NORM, l), a.rstd2, n, D, true,
+    rmsnorm_backward(dres, m.g(P_MLP_NORM, l), m.dxn, a.x_mid_rows(t0), m.w(P_MLP_NORM, l), a.rstd2, n, D, true,
                      m.norm_partial, s);
-    // x_mid = x_in + att Wo^T (Untied Ulysses takes d att a head chunk at a time instead)
-    if (m.plan.datt_buffer) linear_backward_input(at(m.datt, t0, QD), dres, m.w(P_WO, l), n, QD, D, s);
+    // x_mid = x_in + att Wo^T
+    attention_dout(m, l, t0, t1, s);  // ulysses.cu: d att = d x_mid Wo
     linear_backward_weight(m.g(P_WO, l), dres, at(a.att, t0, QD), n, QD, D, s);
-}
-
-static void block_output_backward(Model& m, int l, cudaStream_t s) {
-    TimelineMark mark(m, s, "compute", "mlp backward", l);
-    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { mlp_backward(m, l, t0, t1, s); });
-}
-
-// Qwen3: d q|k of n tokens (rows ld apart) back through the per-head norms, in place. The values
-// before the norms are not kept: they are projected again from the normalized input xn.
-static void qk_norm_backward(Model& m, int l, bf16* dqk, int64_t ld, const bf16* xn, int64_t n, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    const int64_t QK = c.q_dim() + c.kv_dim();  // Wqkv's first rows: q, then k
-    linear_forward(m.qk_raw, xn, m.w(P_WQKV, l), nullptr, n, c.dim, QK, s);
-    head_norm_backward(m, P_Q_NORM, l, dqk, ld, m.qk_raw, QK, c.n_heads, n, s);
-    head_norm_backward(m, P_K_NORM, l, dqk + c.q_dim(), ld, m.qk_raw + c.q_dim(), QK, c.n_kv_heads, n, s);
-}
-
-// Backward of qkv_forward for tokens [t0, t1): d qkv (RoPE undone) -> dWqkv, and d x_in added to dres.
-static void qkv_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    const int64_t n = t1 - t0, QKV = c.qkv_dim();
-    bf16* dqkv = at(dqkv_of_tokens(m), t0, QKV);
-    rope_apply(dqkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
-               m.inv_freq, true, s, step_doc_positions(m));
-    recompute_attention_norm(m, l, t0, t1, s);  // offload.cu (checkpointing): xn1, if it was not kept
-    if (c.qk_norm()) qk_norm_backward(m, l, dqkv, QKV, a.xn1, n, s);
-    linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), n, c.dim, QKV, s);
-    linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, n, c.dim, QKV, s);
-    rmsnorm_backward(at(m.dres, t0, c.dim), m.g(P_ATTN_NORM, l), m.dxn, at(a.x_in, t0, c.dim),
-                     m.w(P_ATTN_NORM, l), a.rstd1, n, c.dim, true, m.norm_partial, s);
-}
-
-// Attention's backward over the whole sequence (d q|k|v from d att), then the projection's.
-static void attention_block_backward(Model& m, int l, cudaStream_t s) {
-    if (m.untied) return untied_attention_backward(m, l, s);  // ulysses.cu: head chunk by head chunk
-    if (m.ulysses) ulysses_attention_backward(m, l, s);       // ulysses.cu: all-to-alls around it
-    else {
-        const LlamaConfig& c = m.cfg;
-        LayerActivations& a = m.layers[l];
-        const int64_t QKV = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
-        const AttentionBackwardArgs ba{.q = a.qkv, .k = a.qkv + Q, .v = a.qkv + Q + K, .out = a.att, .dout = m.datt,
-                                       .ldq = QKV, .ldk = QKV, .ldv = QKV, .ldo = Q, .lddo = Q, .lse = a.lse,
-                                       .dq = m.dqkv, .dk = m.dqkv + Q, .dv = m.dqkv + Q + K, .lddq = QKV,
-                                       .lddk = QKV, .lddv = QKV, .delta = m.delta, .dq_accum = m.dq_accum,
-                                       .docs = step_attention_docs(m)};
-        layer_attention_backward(m, l, ba, attention_call_shape(m), s);
-    }
-    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { qkv_backward(m, l, t0, t1, s); });
 }
 
 // =============================================================================================
@@ -269,6 +199,9 @@ ParamKind lm_head_kind(const Model& m) { return m.cfg.tied_embeddings ? P_EMBED 
 static void lm_head_whole(Model& m, bool backward, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     const int64_t D = c.dim, V = c.vocab;
+    const int u = m.layout.head_unit(0);
+    const int use = backward ? WEIGHTS_AND_GRADIENTS : WEIGHTS;
+    unit_begin(m, u, use, s);
     const bf16* W = m.w_piece(lm_head_kind(m), 0);
     float* dW = m.g_piece(lm_head_kind(m), 0);
     for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
@@ -281,28 +214,19 @@ static void lm_head_whole(Model& m, bool backward, cudaStream_t s) {
         linear_backward_weight(dW, m.logits, m.xnf, n, D, V, s);
         final_norm_backward(m, t0, n, m.dxn, s);
     });
+    unit_end(m, u, use, s, !c.tied_embeddings);  // tied: the lookup adds the rest at the end
 }
+static void lm_head_whole_units(const Model& m, std::vector<int>& order) { order.push_back(m.layout.head_unit(0)); }
 
-// Final RMSNorm, LM head, cross-entropy and their backward: dres = d loss / d x_final; the loss
-// sum of this GPU's tokens in scalars[0].
-static void head_forward_backward(Model& m, cudaStream_t s) {
-    TimelineMark mark(m, s, "compute", "head", -1);
-    const ParamLayout& lay = m.layout;
-    fsdp_acquire(m, lay.final_norm_unit(), s);  // held through the head
-    fsdp_grad_begin(m, lay.final_norm_unit(), s);
-    if (lay.vocab_pieces() > 1) {
-        lm_head_in_pieces(m, s);  // beyond/savings.cu (--vocab-pieces): one piece of the vocabulary at a time
-    } else {
-        const int u = lay.head_unit(0);
-        fsdp_acquire(m, u, s);
-        fsdp_grad_begin(m, u, s);
-        lm_head_whole(m, true, s);
-        fsdp_grad_end(m, u, !m.cfg.tied_embeddings, s);  // tied: the lookup adds the rest at the end
-        fsdp_release(m, u, s);
-    }
-    fsdp_grad_end(m, lay.final_norm_unit(), true, s);
-    fsdp_release(m, lay.final_norm_unit(), s);
-    sum_floats(m.scalars + 0, m.losses, m.shape.tokens(), m.reduce_scratch, s);
+// Final RMSNorm, LM head, cross-entropy and (backward) their backward: dres = d loss / d x_final;
+// the loss sum of this GPU's tokens in scalars[0]. The LM head is the plan's (m.hooks.lm_head).
+static void head(Model& m, bool backward, cudaStream_t s) {
+    const int u = m.layout.final_norm_unit();  // held through the head
+    const int use = backward ? WEIGHTS_AND_GRADIENTS : WEIGHTS;
+    unit_begin(m, u, use, s);
+    m.hooks.lm_head(m, backward, s);
+    unit_end(m, u, use, s);
+    if (backward) sum_floats(m.scalars + 0, m.losses, m.shape.tokens(), m.reduce_scratch, s);
 }
 
 // The token embedding, forward and backward, one unit of vocabulary rows at a time: one, the
@@ -310,10 +234,10 @@ static void head_forward_backward(Model& m, cudaStream_t s) {
 static void embedding_lookup(Model& m, cudaStream_t s) {
     const ParamLayout& lay = m.layout;
     for (int p = 0; p < lay.vocab_pieces(); p++) {
-        fsdp_acquire(m, lay.embed_unit(p), s);
+        unit_begin(m, lay.embed_unit(p), WEIGHTS, s);
         embedding_forward(m.layers[0].x_in, m.tokens, m.w_piece(P_EMBED, p), lay.piece_row[p],
                           lay.piece_rows(p), m.shape.tokens(), m.cfg.dim, s);
-        fsdp_release(m, lay.embed_unit(p), s);
+        unit_end(m, lay.embed_unit(p), WEIGHTS, s);
     }
 }
 
@@ -323,69 +247,71 @@ static void embedding_lookup_backward(Model& m, cudaStream_t s) {  // d loss / d
     for (int p = 0; p < lay.vocab_pieces(); p++) {
         const int64_t g0 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p]) - group_token.begin();
         const int64_t g1 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p + 1]) - group_token.begin();
-        fsdp_grad_begin(m, lay.embed_unit(p), s);
+        unit_begin(m, lay.embed_unit(p), GRADIENTS, s);
         embedding_backward(m.g_piece(P_EMBED, p), lay.piece_row[p], m.dres, m.emb_group_token + g0,
                            m.emb_group_begin + g0, m.emb_positions, g1 - g0, m.cfg.dim, s);
-        fsdp_grad_end(m, lay.embed_unit(p), true, s);
+        unit_end(m, lay.embed_unit(p), GRADIENTS, s);
     }
 }
 
 // =============================================================================================
-// One step: the forward through every layer, the head, the backward, each technique's hooks
-// around each layer. An event after each layer and the head: the watchdog of model_sync and the
-// times of --mem-trace; and the caller's progress line.
-static void progressed(Model& m, cudaStream_t s, ProgressFn progress, void* ctx, const char* phase, int l) {
-    if (m.progress_recorded < (int)m.progress.size()) CUDA_CHECK(cudaEventRecord(m.progress[m.progress_recorded++], s));
-    if (progress && phase) progress(ctx, phase, l);
-}
-
-// Layer l's turn in the forward: its weights (FSDP), the layer, its output to the host (offload).
+// One step: the forward through every layer, the head, the backward. Each layer's turn and the
+// head are a phase of the step (infra/timeline.cu): a --timeline mark, and an event for the
+// watchdog of model_sync, the times of --mem-trace and the run's progress line.
 static void forward_turn(Model& m, int l, cudaStream_t s) {
-    TimelineMark mark(m, s, "compute", "forward", l);
-    fsdp_acquire(m, m.layout.layer_unit(l), s);
+    StepPhase phase(m, s, "forward", l);
+    const int u = m.layout.layer_unit(l);
+    unit_begin(m, u, WEIGHTS, s);
+    run_hooks(m, LAYER_FORWARD_BEGIN, l, s);  // selective: the attention output's staging slot is free
     layer_forward(m, l, s);
-    fsdp_release(m, m.layout.layer_unit(l), s);
-    offload_after_layer_forward(m, l, s);  // offload.cu: x_out is layer l+1's input, to the host
+    unit_end(m, u, WEIGHTS, s);
+    run_hooks(m, BLOCK_INPUT_READY, l + 1, s);  // offload.cu: x_out is layer l+1's input, to the host
 }
 
-// Layer l's turn in the backward: its weights and gradient slot (FSDP), its input back (offload).
 static void backward_turn(Model& m, int l, cudaStream_t s) {
-    TimelineMark mark(m, s, "compute", "backward", l);
+    StepPhase phase(m, s, "backward", l);
     const int u = m.layout.layer_unit(l);
-    fsdp_acquire(m, u, s);
-    fsdp_grad_begin(m, u, s);
-    selective_before_layer_backward(m, l, s);  // beyond/selective.cu: att, lse back; a rebuilt input
-    offload_before_layer_backward(m, l, s);    // offload.cu: the block input back in its slot
+    unit_begin(m, u, WEIGHTS_AND_GRADIENTS, s);
+    run_hooks(m, LAYER_BACKWARD_BEGIN, l, s);  // offload.cu: the block input back in its slot
     layer_backward(m, l, s);
-    fsdp_grad_end(m, u, true, s);
-    fsdp_release(m, u, s);
+    unit_end(m, u, WEIGHTS_AND_GRADIENTS, s);
+}
+
+// The embedding, every layer's forward, the head (with its backward unless m.forward_only).
+static void forward(Model& m, cudaStream_t s) {
+    run_hooks(m, STEP_BEGIN, -1, s);  // fsdp.cu zeroes the gradients
+    embedding_lookup(m, s);
+    run_hooks(m, BLOCK_INPUT_READY, 0, s);
+    for (int l = 0; l < m.cfg.n_layers; l++) forward_turn(m, l, s);
+    StepPhase phase(m, s, "head", -1);
+    head(m, !m.forward_only, s);  // dres = d loss / d x_final
 }
 
 void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void* ctx) {
-    timeline_step_begin(m, s);  // --timeline: the marks are times from here
-    fsdp_step_begin(m, s);      // zeroes the gradients
-    offload_step_begin(m, s);
-    m.progress_recorded = 0;
-    progressed(m, s, progress, ctx, nullptr, -1);  // the step's start
-    embedding_lookup(m, s);
-    offload_save_block_input(m, 0, s);  // offload.cu: to the host as soon as it is complete
-    for (int l = 0; l < m.cfg.n_layers; l++) {
-        forward_turn(m, l, s);
-        progressed(m, s, progress, ctx, "fwd", l);
-    }
-    head_forward_backward(m, s);  // dres = d loss / d x_final
-    progressed(m, s, progress, ctx, nullptr, -1);
-    for (int l = m.cfg.n_layers - 1; l >= 0; l--) {
-        backward_turn(m, l, s);
-        progressed(m, s, progress, ctx, "bwd", l);
-    }
+    watch_step_begin(m, s, progress, ctx);  // infra/timeline.cu: the phases are timed from here
+    forward(m, s);
+    for (int l = m.cfg.n_layers - 1; l >= 0; l--) backward_turn(m, l, s);
     embedding_lookup_backward(m, s);  // the lookup needs no weights
-    fsdp_step_end(m, s);
-    timeline_step_end(m);
+    run_hooks(m, STEP_END, -1, s);
+    watch_step_end(m);
     // scalars[0] holds this GPU's sum of raw per-token losses (only their gradient was scaled by
     // 1 / the step's count of valid targets). Summed over the GPUs it is the step's total loss,
     // which the caller divides by that count.
     if (m.world > 1) m.comm->all_reduce(m.scalars + 0, 1, DType::F32, s);
+}
+
+// The forward alone, for evaluation: the step's forward (every technique's forward hooks, the
+// same kernels on the same inputs, so the same per-token losses in m.losses as a step's), then
+// the head's loss without its backward. Gradients are zeroed, not computed: call it between
+// steps, never between a step's backward and its optimizer step. Its progress events (the
+// watchdog's, as a step's) are its own: the last step's stay as they are, for --mem-trace.
+void model_forward_loss(Model& m, cudaStream_t s) {
+    m.forward_only = true;  // FSDP's order of units: the forward's (model_unit_order)
+    watch_step_begin(m, s, nullptr, nullptr);
+    forward(m, s);
+    run_hooks(m, STEP_END, -1, s);
+    watch_step_end(m);
+    m.forward_only = false;
 }
 
 // The units in the order the step acquires them (FSDP gathers each ahead of its turn); a
@@ -397,53 +323,10 @@ std::vector<int> model_unit_order(const Model& m) {
     for (int p = 0; p < lay.vocab_pieces(); p++) order.push_back(lay.embed_unit(p));  // the lookup
     for (int l = 0; l < L; l++) order.push_back(lay.layer_unit(l));
     order.push_back(lay.final_norm_unit());  // held through the head
-    if (lay.vocab_pieces() > 1) lm_head_pieces_order(m, order);  // beyond/savings.cu: the pieces, once or twice
-    else order.push_back(lay.head_unit(0));
+    m.hooks.lm_head_units(m, order);         // the LM head's units, once or twice
     if (m.forward_only) return order;
     for (int l = L - 1; l >= 0; l--) order.push_back(lay.layer_unit(l));  // the backward's layers
     return order;
-}
-
-// The forward alone, for evaluation: the step's forward (every technique's forward hooks, the
-// same kernels on the same inputs, so the same per-token losses in m.losses as a step's), then
-// the head's loss without its backward. Gradients are zeroed, not computed: call it between
-// steps, never between a step's backward and its optimizer step.
-static void head_loss(Model& m, cudaStream_t s) {
-    const ParamLayout& lay = m.layout;
-    fsdp_acquire(m, lay.final_norm_unit(), s);
-    if (lay.vocab_pieces() > 1) {
-        lm_head_loss_in_pieces(m, s);  // beyond/savings.cu (--vocab-pieces): the loss pass alone
-    } else {
-        const int u = lay.head_unit(0);
-        fsdp_acquire(m, u, s);
-        lm_head_whole(m, false, s);
-        fsdp_release(m, u, s);
-    }
-    fsdp_release(m, lay.final_norm_unit(), s);
-}
-
-// Its progress events (the watchdog's, as a step's) are its own: the last step's stay as they
-// are, for --mem-trace.
-static void forward_progressed(Model& m, cudaStream_t s) {
-    if (m.forward_progress_recorded < (int)m.forward_progress.size())
-        CUDA_CHECK(cudaEventRecord(m.forward_progress[m.forward_progress_recorded++], s));
-}
-
-void model_forward_loss(Model& m, cudaStream_t s) {
-    m.forward_only = true;  // FSDP's order of units: the forward's (model_unit_order)
-    m.forward_progress_recorded = 0;
-    fsdp_step_begin(m, s);
-    offload_step_begin(m, s);
-    embedding_lookup(m, s);
-    offload_save_block_input(m, 0, s);
-    for (int l = 0; l < m.cfg.n_layers; l++) {
-        forward_turn(m, l, s);
-        forward_progressed(m, s);
-    }
-    head_loss(m, s);
-    forward_progressed(m, s);
-    fsdp_step_end(m, s);
-    m.forward_only = false;
 }
 
 void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s) {
@@ -452,7 +335,7 @@ void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaS
     sum_squares(m.scalars + 1, m.grad, m.local_params, m.reduce_scratch, s);
     if (m.opt.fsdp && m.world > 1) m.comm->all_reduce(m.scalars + 1, 1, DType::F32, s);
     clip_scale(m.scalars + 2, m.scalars + 1, max_grad_norm, s);
-    for (const ParamSegment& seg : fsdp_segments(m))
+    for (const ParamSegment& seg : m.segments)
         adamw_update(m.master + seg.local, m.grad + seg.local, m.adam_m + seg.local,
                      m.adam_v + seg.local, seg.count, opt, seg.tensor->decay, m.scalars + 2, s);
 }
@@ -472,13 +355,6 @@ double document_attention_share(const StepDocuments& docs, int64_t seq, int batc
         pairs += len * len / 2;
     }
     return n ? pairs / (batch * (double)seq * seq / 2) : 1.0;
-}
-
-AttentionDocs step_attention_docs(const Model& m) {
-    return m.opt.doc_mask ? AttentionDocs{m.doc_start, m.n_docs} : AttentionDocs{};
-}
-DocPositions step_doc_positions(const Model& m) {
-    return m.opt.doc_mask ? DocPositions{m.doc_start, m.doc_first_position, m.n_docs} : DocPositions{};
 }
 
 int64_t model_host_bytes(const Model& m) { return offload_host_bytes(m) + selective_host_bytes(m); }
@@ -528,16 +404,6 @@ static T* take_activation(Model& m, Arena& A, const char* name, MemCategory cat,
     return A.take<T>(name, cat, slot_count(h, layers, staging) * per_slot);
 }
 
-static void declare_model_states(Model& m, Arena& A) {
-    // 16 bytes per parameter: all of them, or (--fsdp) this GPU's shards. The bf16 weights that
-    // compute reads exist only for the units in use (fsdp.cu).
-    const int64_t P = m.local_params = fsdp_local_params(m.layout, m.opt.fsdp, m.world);
-    m.master = A.take<float>("master weights (fp32)", MEM_MODEL, P);
-    m.grad = A.take<float>("gradients (fp32)", MEM_MODEL, P);
-    m.adam_m = A.take<float>("AdamW first moment", MEM_MODEL, P);
-    m.adam_v = A.take<float>("AdamW second moment", MEM_MODEL, P);
-}
-
 int64_t layer_lse_floats(const Model& m) {
     return (int64_t)m.shape.batch * ulysses_heads(m.cfg, m.shape.sp).q * m.shape.seq;
 }
@@ -579,6 +445,7 @@ static void declare_activations(Model& m, Arena& A) {
         a.lse = slot(lse, p.att, l, lse_n);
         a.qkv = slot(qkv, p.qkv, l, S_rows * WH);
         a.x_mid = slot(x_mid, p.x_mid, l, mid_rows * D);
+        a.x_mid_row_step = mid_rows == T ? D : 0;  // one chunk's buffer: every chunk's rows from its start
         a.xn1 = slot(xn1, h, l, C * D), a.rstd1 = slot(rstd1, h, l, C);
         a.xn2 = slot(xn2, h, l, C * D), a.rstd2 = slot(rstd2, h, l, C);
         a.h13 = slot(h13, h, l, C * 2 * F), a.act = slot(act, h, l, C * F);
@@ -648,8 +515,12 @@ static void declare_chunk_work_and_inputs(Model& m, Arena& A) {
 void model_declare_buffers(Model& m, Arena& A) {
     m.layout = param_layout(m.cfg, m.opt.vocab_pieces);  // --vocab-pieces: units of vocabulary rows (beyond/savings.cu)
     m.ulysses.reset(), m.untied.reset();  // their *_plan make them again when they are on
-    // How the step holds its activations: the plain model's plan, then each technique's change.
+    // How the step holds its activations and where each technique enters it: the plain model's
+    // plan and step, then each technique's changes and hooks.
     m.plan = plain_plan(m);
+    m.hooks = StepHooks();
+    m.hooks.lm_head = lm_head_whole, m.hooks.lm_head_units = lm_head_whole_units;
+    fsdp_plan(m);           // the units' weights and gradients, gathered and reduced around their use
     ulysses_plan(m);        // --ulysses: d q|k|v arrives in Ulysses's staging
     checkpointing_plan(m);  // --ckpt: keep block inputs only
     offload_plan(m);        // --offload: the block inputs live on the host, staged through two slots
@@ -658,8 +529,7 @@ void model_declare_buffers(Model& m, Arena& A) {
     savings_plan(m);        // stage 7's savings (beyond/savings.cu): one staging slot, Untied's buffers shared
     selective_plan(m);      // --ckpt=selective: attention outputs kept too, within the host budget
 
-    declare_model_states(m, A);
-    fsdp_declare_buffers(m, A);       // the two bf16 unit slots; --fsdp: gathered, with unit gradients
+    fsdp_declare_buffers(m, A);       // model states (--fsdp: this GPU's shards), the two bf16 unit slots
     declare_activations(m, A);
     selective_declare_buffers(m, A);  // --ckpt=selective: the device's own slots for attention outputs
     declare_head_and_gradients(m, A);
@@ -684,28 +554,20 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     // Constant tables belong to the model's setup, not to its weights.
     std::vector<double> inv = rope_inv_freq(m.cfg);
     CUDA_CHECK(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
-    if (m.pin_host) offload_create(m), selective_create(m);  // pinned host memory, once for the whole run
     if (!m.comm) m.comm = comm_single(), m.owns_comm = true;
     if (!m.comm_fsdp) m.comm_fsdp = m.comm->split();
     if (!m.comm_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
-    m.progress.resize(2 * m.cfg.n_layers + 2);  // start, each forward, the head, each backward
-    for (auto& e : m.progress) CUDA_CHECK(cudaEventCreate(&e));  // timed: --mem-trace reads them
-    m.forward_progress.resize(m.cfg.n_layers + 1);  // model_forward_loss: each layer, the head
-    for (auto& e : m.forward_progress) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    watch_create(m);
     CUDA_CHECK(cudaMallocHost(&m.host_scalars, 4 * sizeof(float)));
-    fsdp_create(m);
+    for (auto create : m.hooks.create) create(m);  // the techniques' streams, events, pinned host memory
 }
 
 void model_free(Model& m, DeviceMemory& dm) {
     timeline_destroy(m);
-    selective_destroy(m);
-    offload_destroy(m);
-    fsdp_destroy(m);
+    for (auto destroy : m.hooks.destroy) destroy(m);
     if (m.comm_stream) cudaStreamDestroy(m.comm_stream);
     m.comm_stream = nullptr;
-    for (auto& e : m.progress) cudaEventDestroy(e);
-    for (auto& e : m.forward_progress) cudaEventDestroy(e);
-    m.progress.clear(), m.forward_progress.clear();
+    watch_destroy(m);
     if (m.host_scalars) cudaFreeHost(m.host_scalars);
     m.host_scalars = nullptr;
     delete m.comm_fsdp;
@@ -720,7 +582,7 @@ void model_init_weights(Model& m, uint64_t seed, cudaStream_t s) {
     // A shard holds exactly its part of the single-GPU model's weights (init_param_values).
     m.init_seed = seed;
     CUDA_CHECK(cudaMemsetAsync(m.master, 0, m.local_params * sizeof(float), s));  // padding
-    for (const ParamSegment& seg : fsdp_segments(m))
+    for (const ParamSegment& seg : m.segments)
         init_param_values(m, *seg.tensor, seg.tensor_offset, seg.count, seed, m.master + seg.local, nullptr, s);
     CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.local_params * sizeof(float), s));
     CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.local_params * sizeof(float), s));
@@ -745,6 +607,7 @@ static void set_documents(Model& m, const StepDocuments* docs, cudaStream_t s) {
         if (x == b * m.shape.seq) b++;
     }
     m.n_docs = n;
+    m.docs = {m.doc_start, n}, m.doc_positions = {m.doc_start, m.doc_first_position, n};
     CUDA_CHECK(cudaMemcpyAsync(m.doc_start, docs->start.data(), n * 8, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(m.doc_first_position, docs->first_position.data(), n * 8, cudaMemcpyHostToDevice, s));
 }

@@ -102,8 +102,8 @@ struct ActivationPlan {
     // the backward rebuilds it from layer l-1's.
     int att_host_layers = 0, att_device_layers = 0, x_rebuilt_layers = 0;
 };
-// Whether layer l's block input is left off the host (rebuilt in the backward); how many of layers
-// 0 .. n-1 leave theirs off.
+// Selective checkpointing's plan: whether layer l's block input is left off the host (rebuilt in
+// the backward); how many of layers 0 .. n-1 leave theirs off.
 inline bool input_rebuilt(const ActivationPlan& p, int l) {
     return p.x_in == Hold::ON_HOST && l % 2 == 1 && l < 2 * p.x_rebuilt_layers;
 }
@@ -118,13 +118,48 @@ struct LayerActivations {
     bf16* qkv;      // [T, qkv_dim], q and k after RoPE (Ulysses: [S, this GPU's heads])
     bf16* att;      // [T, Hq d] attention output
     float* lse;     // [B, Hq, S] (Ulysses: this GPU's heads)
-    bf16* x_mid;    // [T, D] residual after attention, or one chunk's rows when shared
+    bf16* x_mid;    // [T, D] residual after attention, or one chunk's rows when recomputed
+    int64_t x_mid_row_step;  // D when x_mid holds every token's row, 0 when it holds one chunk's
     bf16* xn1;      // [chunk, D] attention RMSNorm output
     float* rstd1;
     bf16* xn2;      // [chunk, D] MLP RMSNorm output
     float* rstd2;
     bf16* h13;      // [chunk, 2F] gate | up
     bf16* act;      // [chunk, F] silu(gate) * up
+    bf16* x_mid_rows(int64_t t0) const { return x_mid + t0 * x_mid_row_step; }  // the chunk's rows from token t0
+};
+
+// ---------------------------------------------------------------------------------------------
+// Where the techniques enter the step: fixed places, at which each technique's *_plan adds its
+// hooks (step_hook). A place runs its hooks in the ladder's order (FSDP, Ulysses, checkpointing,
+// offload, chunked, Untied, stage 7, selective), LAYER_BACKWARD_BEGIN in the reverse order.
+enum StepPlace {
+    STEP_BEGIN,            // before the step's first work (l = -1)
+    LAYER_FORWARD_BEGIN,   // layer l's weights are in use; its forward begins
+    AFTER_ATTENTION,       // layer l's attention output is complete; the rest of its block follows
+    BLOCK_INPUT_READY,     // layer l's block input is complete (l = L: the head's input)
+    LAYER_BACKWARD_BEGIN,  // layer l's weights and gradients are in use; its backward begins
+    STEP_END,              // after the step's last work, before the optimizer (l = -1)
+    STEP_PLACES
+};
+typedef void (*StepHook)(Model& m, int l, cudaStream_t s);
+struct StepHooks {
+    std::vector<StepHook> at[STEP_PLACES];
+    // Made once for the run after its buffers (streams, events, pinned host memory); freed in reverse.
+    std::vector<void (*)(Model&)> create, destroy;
+    // The LM head and loss (backward: and their backward), and the units it acquires in order:
+    // one unit in llama.cu, or several pieces of the vocabulary (beyond/savings.cu).
+    void (*lm_head)(Model& m, bool backward, cudaStream_t s) = nullptr;
+    void (*lm_head_units)(const Model& m, std::vector<int>& order) = nullptr;
+};
+void step_hook(Model& m, StepPlace place, StepHook hook);
+void setup_hook(Model& m, void (*create)(Model&), void (*destroy)(Model&));
+
+// This GPU's parameters as pieces of tensors: local offset, count, the tensor, offset inside it.
+struct ParamSegment {
+    int64_t local, count;
+    const ParamTensor* tensor;
+    int64_t tensor_offset;
 };
 
 struct Fsdp;       // fsdp.cu
@@ -144,6 +179,7 @@ struct Model {
     // or, under --fsdp, its shard of every unit (fsdp.cu). local_params elements each.
     float *master = nullptr, *grad = nullptr, *adam_m = nullptr, *adam_v = nullptr;
     int64_t local_params = 0;
+    std::vector<ParamSegment> segments;  // what of each tensor they hold (fsdp_segments)
     // The weights and the gradient accumulation buffer of each unit as compute sees them: the
     // unit's bf16 slot while it is acquired (fsdp.cu); a view into grad, or (--fsdp) a per-unit
     // gradient buffer.
@@ -161,15 +197,13 @@ struct Model {
     int world = 1;                // GPUs of the run (simulated ones included)
     uint64_t init_seed = 0;       // the seed the weights were drawn from (model_init_weights)
     double comm_timeout_s = 600;  // a wait that sees no progress for this long ends the run
-    // Watchdog: an event per layer and phase of the step; a wait resets its timeout whenever one
-    // more has completed, so a long step is not a hung one. Host-pinned scalars: copies of them
-    // are asynchronous, so every wait goes through the watchdog.
-    std::vector<cudaEvent_t> progress;  // start, each layer's forward, the head, each backward
+    StepHooks hooks;              // where the techniques enter the step (set by model_declare_buffers)
+    // The step's phases (infra/timeline.h): a wait resets its timeout whenever one more has
+    // completed, so a long step is not a hung one. Host-pinned scalars: copies of them are
+    // asynchronous, so every wait goes through the watchdog.
+    StepWatch watch;
     int64_t saved_per_layer[MEM_NUM_CATEGORIES] = {};  // one layer's kept activations (--mem-trace)
-    int progress_recorded = 0;
     bool forward_only = false;  // within model_forward_loss: no backward follows the forward
-    std::vector<cudaEvent_t> forward_progress;  // model_forward_loss's events: each layer, the head
-    int forward_progress_recorded = 0;
     float* host_scalars = nullptr;
     // The techniques' own state and buffers; null when the technique is off.
     std::shared_ptr<Fsdp> fsdp;        // shards and gathered slots (fsdp.cu; also the replicated bookkeeping)
@@ -204,6 +238,8 @@ struct Model {
     // first token; n_docs of them (model_set_batch).
     int64_t *doc_start = nullptr, *doc_first_position = nullptr;
     int64_t n_docs = 0;
+    AttentionDocs docs;           // the documents as attention takes them (none without --doc-mask)
+    DocPositions doc_positions;   // and as RoPE takes them
     EmbeddingGroups emb_groups;   // host side of the embedding backward's grouping
     int32_t* emb_group_token = nullptr;
     int64_t *emb_group_begin = nullptr, *emb_positions = nullptr;
@@ -259,12 +295,8 @@ struct StepDocuments {
 // their mean); -1: count here.
 void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s,
                      int64_t n_valid = -1, const StepDocuments* docs = nullptr);
-// The step's documents as attention and RoPE take them: none without --doc-mask.
-AttentionDocs step_attention_docs(const Model& m);
-DocPositions step_doc_positions(const Model& m);
 // Forward and backward of one step. Returns nothing; the loss sum lands in m.scalars[0].
-// progress (may be null) is called after each layer with (phase "fwd"/"bwd", layer index).
-typedef void (*ProgressFn)(void* ctx, const char* phase, int layer);
+// progress (may be null) is called after each layer with (phase "forward"/"backward", layer index).
 void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress = nullptr,
                             void* progress_ctx = nullptr);
 // The forward and the loss alone (evaluation): per-token losses in m.losses, as a step's; no
@@ -285,24 +317,25 @@ int64_t model_host_bytes(const Model& m);  // pinned host bytes of the step: off
 // Floats of one layer's lse: batch x this GPU's query heads (Ulysses: 1/N of them) x seq.
 int64_t layer_lse_floats(const Model& m);
 
+// The loops a layer and the head walk their tokens with: one chunk of all of them, or chunks of
+// the plan's sizes (--chunked, chunked.cu). f(t0, t1) for each chunk [t0, t1) of
+// m.plan.chunk_rows of this GPU's tokens; f(t0, n) for each chunk of m.plan.loss_rows tokens, n
+// of them from t0 (the LM head's and the loss's).
+void for_each_token_chunk(const Model& m, const std::function<void(int64_t t0, int64_t t1)>& f);
+void for_each_loss_chunk(const Model& m, const std::function<void(int64_t t0, int64_t n)>& f);
 // The pieces of a layer that the techniques call again. A per-token piece works on tokens
 // [t0, t1) of this GPU; a layer walks its tokens in chunks (chunked.cu).
-void attention_block_forward(Model& m, int l, cudaStream_t s);  // att, lse from x_in
-void qkv_forward(Model& m, int l, cudaStream_t s);              // xn1, q|k|v, RoPE: every chunk
 void attention_norm_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);    // xn1 = norm(x_in)
-// Qwen3 (cfg.qk_norm()): layer l's per-head RMSNorm of q (P_Q_NORM) or k (P_K_NORM), in place on
-// `heads` heads of each of n rows `ld` apart; its backward, in place on their gradient, from the
-// values before the norm (rows ld_raw apart).
-void head_norm_forward(Model& m, ParamKind which, int l, bf16* x, int64_t ld, int heads, int64_t n, cudaStream_t s);
+// Qwen3 (cfg.qk_norm()): layer l's per-head RMSNorm of q and (k not null) k, in place on q_heads
+// and kv_heads heads of each of n rows ldq and ldk apart; nothing for Llama. The backward's piece:
+// one norm (P_Q_NORM or P_K_NORM) in place on the gradient, from the values before it (rows ld_raw apart).
+void qk_norm_forward(Model& m, int l, bf16* q, int64_t ldq, int q_heads, bf16* k, int64_t ldk, int kv_heads, int64_t n,
+                     cudaStream_t s);
 void head_norm_backward(Model& m, ParamKind which, int l, bf16* dx, int64_t ld, const bf16* raw, int64_t ld_raw,
                         int heads, int64_t n, cudaStream_t s);
 void attention_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // x_mid = x_in + att Wo^T
 void mlp_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);         // xn2, h13, act
-void block_output_forward(Model& m, int l, cudaStream_t s);     // x_out from x_in and att: every chunk
-// One attention call of layer l, marked on --timeline.
-void layer_attention_forward(Model& m, int l, const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
-void layer_attention_backward(Model& m, int l, const AttentionBackwardArgs& a, const AttentionShape& sh,
-                              cudaStream_t s);
+void block_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);     // x_mid .. x_out of the chunk
 // The head's pieces.
 void final_norm_forward(Model& m, int64_t t0, int64_t n, cudaStream_t s);  // xnf, rstdf of tokens [t0, t0 + n)
 // dres rows [t0, t0 + n) = d loss / d x_final from dxnf = d loss / d norm(x_final) of those rows.
@@ -310,12 +343,40 @@ void final_norm_backward(Model& m, int64_t t0, int64_t n, const bf16* dxnf, cuda
 float loss_grad_scale(const Model& m);  // 1 / the step's count of valid targets (the loss is their mean)
 ParamKind lm_head_kind(const Model& m);  // P_LM_HEAD, or P_EMBED with tied embeddings
 
+// The attention sub-layer (ulysses.cu): plain attention over each sequence, or Ulysses's, or
+// Untied's, whichever the plan made.
+void attention_block_forward(Model& m, int l, cudaStream_t s);   // att, lse from x_in
+void attention_block_backward(Model& m, int l, cudaStream_t s);  // dres += d loss / d x_in through it
+void attention_inputs_forward(Model& m, int l, cudaStream_t s);  // q|k|v again, as its backward reads them
+void attention_dout(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // d att of the chunk = d x_mid Wo
+AttentionShape attention_call_shape(const Model& m);            // one attention call
+
+// Plan queries, for the techniques that move activations: whether layer l's backward finds its
+// attention output and lse kept from the forward (no rerun; selective checkpointing keeps them on
+// the host, on the device, or in the staging slot, the last layer); whether layer l's block input
+// goes to the host (under --offload; selective checkpointing rebuilds some instead); how many of
+// layers 0 .. n-1 do.
+inline bool attention_kept(const Model& m, int l) {
+    const ActivationPlan& p = m.plan;
+    if (p.att == Hold::ON_HOST) return l < p.att_host_layers || l >= m.cfg.n_layers - 1 - p.att_device_layers;
+    return p.att == Hold::PER_LAYER;
+}
+inline bool block_input_on_host(const Model& m, int l) {
+    return m.plan.x_in == Hold::ON_HOST && l < m.cfg.n_layers && !input_rebuilt(m.plan, l);
+}
+inline int block_inputs_on_host(const Model& m, int n) {
+    return m.plan.x_in == Hold::ON_HOST ? n - inputs_rebuilt_below(m.plan, n) : 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Stage 1 (fsdp.cu): parameters replicated (gradients all-reduced) or fully sharded (--fsdp).
 // A unit is a piece of the embedding, a layer, the final norm or a piece of the LM head
 // (infra/common.h param_layout).
 int64_t fsdp_local_params(const ParamLayout& lay, bool sharded, int world);  // elements per GPU
-void fsdp_declare_buffers(Model& m, Arena& A);  // the two bf16 unit slots (comm under --fsdp, else model), gradient slots
+void fsdp_plan(Model& m);  // its hooks: the step's begin (gradients zeroed, first gathers) and end
+// The model states (all, or this GPU's shards), the two bf16 unit slots (comm under --fsdp, else
+// model) and (--fsdp) the unit gradient slots.
+void fsdp_declare_buffers(Model& m, Arena& A);
 void fsdp_create(Model& m);
 void fsdp_destroy(Model& m);
 void fsdp_step_begin(Model& m, cudaStream_t s);
@@ -330,12 +391,6 @@ void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s);
 void fsdp_step_end(Model& m, cudaStream_t s);  // all gradient traffic done before the optimizer
 // The unit whose weights the bf16 slot at `slot` holds or is being filled with; -1 if none.
 int fsdp_unit_in_slot(const Model& m, const void* slot);
-// This GPU's parameters as pieces of tensors: local offset, count, the tensor, offset inside it.
-struct ParamSegment {
-    int64_t local, count;
-    const ParamTensor* tensor;
-    int64_t tensor_offset;
-};
 std::vector<ParamSegment> fsdp_segments(const Model& m);
 // Unit u of a parameter-sized array (master weights, gradients), whole, on the host: gathered
 // from the shards under --fsdp (a collective: every rank calls it).
@@ -356,8 +411,6 @@ void ulysses_check(const LlamaConfig& c, const RunShape& shape);
 void ulysses_plan(Model& m);
 void ulysses_declare_buffers(Model& m, Arena& A);
 AttentionShape ulysses_attention_shape(const Model& m);  // one attention call: S tokens, this GPU's heads
-bf16* ulysses_qkv_of_tokens(Model& m);   // where the projection writes q|k|v before the all-to-all
-bf16* ulysses_dqkv_of_tokens(Model& m);  // where d q|k|v of this GPU's tokens arrives
 void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s);  // token-sharded q|k|v -> the layer's qkv
 void ulysses_attention_forward(Model& m, int l, cudaStream_t s);
 void ulysses_attention_backward(Model& m, int l, cudaStream_t s);
@@ -381,7 +434,8 @@ bf16* untied_staging(const Model& m);
 // ---------------------------------------------------------------------------------------------
 // Stage 3 (offload.cu): activation checkpointing, --ckpt.
 void checkpointing_plan(Model& m);
-// Backward, before layer l's: the attention sub-block's forward again, where its output was not kept.
+// Backward, before layer l's: the attention sub-layer's forward again where its output was not
+// kept, or q|k|v alone where they were not.
 void recompute_attention(Model& m, int l, cudaStream_t s);
 // Backward, per chunk: rebuild what the chunk's backward reads and the plan did not keep.
 void recompute_attention_norm(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
@@ -392,12 +446,11 @@ void offload_plan(Model& m);
 int64_t offload_host_bytes(const Model& m);  // pinned host bytes of the block inputs (0 without --offload)
 void offload_create(Model& m);    // pinned buffers (once), copy stream, events
 void offload_destroy(Model& m);
-// The step's hooks; each does nothing without --offload.
+// The step's hooks (offload_plan adds them).
 void offload_step_begin(Model& m, cudaStream_t s);
 void offload_save_block_input(Model& m, int l, cudaStream_t s);      // layer l's x_in is complete: copy it out
 void offload_before_layer_output(Model& m, int l, cudaStream_t s);   // the slot of layer l's x_out holds no
                                                                      // input still on its way to the host
-void offload_after_layer_forward(Model& m, int l, cudaStream_t s);   // x_out is the next x_in: copy it out
 void offload_before_layer_backward(Model& m, int l, cudaStream_t s);  // l's x_in in its slot, l-1's on its way
 // A copy on the copy stream, once the compute stream has reached this point, marked on --timeline.
 void offload_copy(Model& m, void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind, const char* what,
@@ -407,13 +460,9 @@ void offload_fetch_input(Model& m, int l, cudaStream_t s);  // layer l's input f
 void offload_input_written(Model& m, int l);                // layer l's input is in its slot (written there)
 
 // ---------------------------------------------------------------------------------------------
-// Stage 5 (chunked.cu): chunked sequence training, --chunked. The loops a layer and the head walk
-// their tokens with: one chunk of all of them without --chunked.
+// Stage 5 (chunked.cu): chunked sequence training, --chunked. The plan's chunk sizes, which the
+// loops of the layer and the head walk (for_each_token_chunk, for_each_loss_chunk).
 void chunked_plan(Model& m);
-// f(t0, t1) for each chunk [t0, t1) of m.plan.chunk_rows of this GPU's tokens.
-void for_each_token_chunk(const Model& m, const std::function<void(int64_t t0, int64_t t1)>& f);
-// f(t0, n) for each chunk of m.plan.loss_rows tokens, n of them from t0: the LM head's and the loss's.
-void for_each_loss_chunk(const Model& m, const std::function<void(int64_t t0, int64_t n)>& f);
 
 // ---------------------------------------------------------------------------------------------
 // Stage 7 (beyond/savings.cu): our memory savings, beyond the talk.
@@ -425,14 +474,13 @@ int64_t dq_sums_staging_bf16s(const Model& m);
 // --grad-in-att-output: every head chunk's delta of layer l; returns the attention output's memory,
 // free now for the normalized input's gradient.
 bf16* deltas_first_in_att_output(Model& m, int l, cudaStream_t s);
-void lm_head_in_pieces(Model& m, cudaStream_t s);  // --vocab-pieces: the LM head and loss, one piece at a time
-void lm_head_pieces_order(const Model& m, std::vector<int>& order);  // the units it acquires, in order
-void lm_head_loss_in_pieces(Model& m, cudaStream_t s);  // its loss pass alone (model_forward_loss)
+// --vocab-pieces: the LM head and loss (backward: and their backward), one piece at a time; the
+// units it acquires, in order (savings_plan puts both in m.hooks).
+void lm_head_in_pieces(Model& m, bool backward, cudaStream_t s);
+void lm_head_pieces_order(const Model& m, std::vector<int>& order);
 
 // Selective checkpointing within a host budget (beyond/selective.cu): --ckpt=selective.
 void selective_plan(Model& m);
-// Whether layer l's backward finds its attention output and lse kept from the forward (no rerun).
-bool attention_kept(const Model& m, int l);
 int64_t selective_host_bytes(const Model& m);       // pinned host bytes of the attention outputs kept there
 int64_t selective_attention_bytes(const Model& m);  // one layer's attention output and lse
 // The layers whose attention outputs fit in `room_bytes` of the device beyond the plan (at most --device-keep-gib).
@@ -441,8 +489,7 @@ std::string selective_plan_text(const Model& m);  // which layers keep their att
 void selective_declare_buffers(Model& m, Arena& A);  // the device's own slots of attention outputs
 void selective_create(Model& m);  // pinned host memory of the attention outputs (once), events
 void selective_destroy(Model& m);
-// The step's hooks; each does nothing without --ckpt=selective.
+// The step's hooks with --offload (selective_plan adds them).
 void selective_before_attention(Model& m, int l, cudaStream_t s);   // the attention output's staging slot is free
 void selective_after_attention(Model& m, int l, cudaStream_t s);    // att, lse to the host
-void selective_recompute_attention(Model& m, int l, cudaStream_t s);  // q|k|v again; attention where not kept
 void selective_before_layer_backward(Model& m, int l, cudaStream_t s);  // att, lse back; a rebuilt input

@@ -40,8 +40,8 @@
 // pinned copy's 55 GB/s (docs/reference.md) 0.15 us per token, against about 3.3 us per token of
 // the layer's GEMMs alone (6 FLOPs x 218 M parameters at 400 TFLOP/s), before attention.
 //
-// The slots and the inputs on the host are what the plan says (x_slots, input_rebuilt): stage 7
-// may plan one slot, or leave some inputs off the host (beyond/).
+// The slots and the inputs on the host are what the plan says (x_slots, block_input_on_host):
+// stage 7 may plan one slot, and selective checkpointing leave some inputs off the host (beyond/).
 #include "llama.h"
 
 // =============================================================================================
@@ -52,10 +52,13 @@ void checkpointing_plan(Model& m) {
     p.qkv = p.att = p.x_mid = p.norms_mlp = Hold::RECOMPUTED;
 }
 
-// Before layer l's backward: the attention sub-block's forward again, from x_in. Its backward
-// reads q, k, v, the output and its lse.
+// Before layer l's backward: the attention sub-layer's forward again, from x_in, where the plan
+// kept no output (its backward reads q, k, v, the output and its lse); where it kept the output
+// but not q|k|v, those alone.
 void recompute_attention(Model& m, int l, cudaStream_t s) {
-    if (m.plan.att == Hold::RECOMPUTED) attention_block_forward(m, l, s);
+    TimelineMark mark(m, s, "compute", "attention rerun", l);
+    if (!attention_kept(m, l)) attention_block_forward(m, l, s);
+    else if (m.plan.qkv == Hold::RECOMPUTED) attention_inputs_forward(m, l, s);
 }
 
 // Before the backward of the chunk's q|k|v projection: its input xn1.
@@ -83,20 +86,27 @@ struct Offload {
 
 static int64_t block_input_elements(const Model& m) { return m.shape.tokens() * m.cfg.dim; }
 static int slot_of(const Model& m, int l) { return l % m.plan.x_slots; }
-static int host_inputs(const Model& m, int n) { return n - inputs_rebuilt_below(m.plan, n); }  // of layers 0 .. n-1
-static bf16* host_input(Model& m, int l) { return m.offload->host_x + host_inputs(m, l) * block_input_elements(m); }
+static bf16* host_input(Model& m, int l) {
+    return m.offload->host_x + block_inputs_on_host(m, l) * block_input_elements(m);
+}
 
 void offload_plan(Model& m) {
-    if (m.opt.offload) m.plan.x_in = Hold::ON_HOST, m.plan.x_slots = 2;
+    if (!m.opt.offload) return;
+    m.plan.x_in = Hold::ON_HOST, m.plan.x_slots = 2;
+    step_hook(m, STEP_BEGIN, [](Model& m, int, cudaStream_t s) { offload_step_begin(m, s); });
+    step_hook(m, BLOCK_INPUT_READY, offload_save_block_input);
+    step_hook(m, AFTER_ATTENTION, offload_before_layer_output);
+    step_hook(m, LAYER_BACKWARD_BEGIN, offload_before_layer_backward);
+    setup_hook(m, offload_create, offload_destroy);
 }
 
 int64_t offload_host_bytes(const Model& m) {
     if (m.plan.x_in != Hold::ON_HOST) return 0;
-    return host_inputs(m, m.cfg.n_layers) * block_input_elements(m) * 2;
+    return block_inputs_on_host(m, m.cfg.n_layers) * block_input_elements(m) * 2;
 }
 
 void offload_create(Model& m) {
-    if (m.plan.x_in != Hold::ON_HOST) return;
+    if (!m.pin_host) return;  // a run of no steps plans the pinned memory only
     Offload* o = m.offload = new Offload();
     const int64_t bytes = offload_host_bytes(m);
     if (bytes > 0 && cudaHostAlloc((void**)&o->host_x, bytes, cudaHostAllocDefault) != cudaSuccess) {
@@ -133,7 +143,6 @@ void offload_copy(Model& m, void* dst, const void* src, int64_t bytes, cudaMemcp
 cudaStream_t offload_copy_stream(const Model& m) { return m.offload->copy; }
 
 void offload_step_begin(Model& m, cudaStream_t s) {
-    if (m.plan.x_in != Hold::ON_HOST) return;
     if (!m.offload)  // --steps 0 plans the pinned memory without allocating it
         runtime_error("--offload without its pinned host memory: this run was set up to take no steps");
     Offload& o = *m.offload;
@@ -146,20 +155,15 @@ void offload_step_begin(Model& m, cudaStream_t s) {
 void offload_input_written(Model& m, int l) { m.offload->slot_input[slot_of(m, l)] = l; }
 
 void offload_save_block_input(Model& m, int l, cudaStream_t s) {
-    if (!m.offload) return;
-    offload_input_written(m, l);                    // l = L: the head's input, in the last layer's output slot
-    if (l >= m.cfg.n_layers || input_rebuilt(m.plan, l)) return;
+    offload_input_written(m, l);  // l = L: the head's input, in the last layer's output slot
+    if (!block_input_on_host(m, l)) return;
     const int64_t bytes = block_input_elements(m) * 2;
     offload_copy(m, host_input(m, l), m.layers[l].x_in, bytes, cudaMemcpyDeviceToHost, "x_in to host", l, s);
     CUDA_CHECK(cudaEventRecord(m.offload->copied_out[slot_of(m, l)], m.offload->copy));
 }
 
 void offload_before_layer_output(Model& m, int l, cudaStream_t s) {
-    if (m.offload) CUDA_CHECK(cudaStreamWaitEvent(s, m.offload->copied_out[slot_of(m, l + 1)], 0));
-}
-
-void offload_after_layer_forward(Model& m, int l, cudaStream_t s) {
-    offload_save_block_input(m, l + 1, s);  // layer l's output is layer l+1's input
+    CUDA_CHECK(cudaStreamWaitEvent(s, m.offload->copied_out[slot_of(m, l + 1)], 0));
 }
 
 void offload_fetch_input(Model& m, int l, cudaStream_t s) {
@@ -170,12 +174,11 @@ void offload_fetch_input(Model& m, int l, cudaStream_t s) {
 }
 
 void offload_before_layer_backward(Model& m, int l, cudaStream_t s) {
-    if (!m.offload) return;
     Offload& o = *m.offload;
     if (o.slot_input[slot_of(m, l)] != l) offload_fetch_input(m, l, s);  // not fetched ahead
     CUDA_CHECK(cudaStreamWaitEvent(s, o.fetched, 0));
     // Layer l-1's input into the other slot while layer l's backward runs.
     const int k = l - 1;
-    if (k >= 0 && slot_of(m, k) != slot_of(m, l) && o.slot_input[slot_of(m, k)] != k && !input_rebuilt(m.plan, k))
+    if (k >= 0 && slot_of(m, k) != slot_of(m, l) && o.slot_input[slot_of(m, k)] != k && block_input_on_host(m, k))
         offload_fetch_input(m, k, s);
 }

@@ -1,6 +1,7 @@
 // ulysses.cu - DeepSpeed Ulysses context parallelism (--ulysses, ladder stage 2; the talk at
 // 06:04; Jacobs et al., arXiv 2309.14509), then Untied Ulysses, the same in head chunks
 // (--untied[=K], stage 6; the talk at 09:57, the chunk size at 11:43; UPipe, arXiv 2602.21196).
+// The layer calls attention as one sub-layer, plain, Ulysses or Untied: the end of this file.
 //
 // Stage 2, Ulysses. One sequence of S tokens is split over N GPUs: GPU r holds tokens
 // [r S/N, (r+1) S/N) and runs everything that works token by token (norms, projections, RoPE
@@ -73,6 +74,19 @@
 
 #include "llama.h"
 
+// One attention call of layer l, marked on --timeline.
+static void layer_attention_forward(Model& m, int l, const AttentionForwardArgs& a, const AttentionShape& sh,
+                                    cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "attention forward", l);
+    attention_forward(a, sh, s);
+}
+
+static void layer_attention_backward(Model& m, int l, const AttentionBackwardArgs& a, const AttentionShape& sh,
+                                     cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "attention backward", l);
+    attention_backward(a, sh, s);
+}
+
 // =============================================================================================
 // Stage 2: DeepSpeed Ulysses.
 // One layer's working buffers, reused by every layer. Each is named by the side of the
@@ -134,9 +148,6 @@ AttentionShape ulysses_attention_shape(const Model& m) {
     const UlyssesHeads h = ulysses_heads(m.cfg, m.shape.sp);
     return {1, m.shape.tokens() * m.shape.sp, h.q, h.kv, m.cfg.head_dim};
 }
-
-bf16* ulysses_qkv_of_tokens(Model& m) { return m.ulysses->receive; }
-bf16* ulysses_dqkv_of_tokens(Model& m) { return m.ulysses->send; }
 
 namespace {
 
@@ -293,7 +304,7 @@ void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
     ulysses_qkv_to_heads(m, l, s);
     const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + qd, .v = a.qkv + qd + (int64_t)g.kv * g.d, .ldq = g.WH,
                                   .ldk = g.WH, .ldv = g.WH, .out = u.heads_out, .ldo = qd, .lse = a.lse,
-                                  .docs = step_attention_docs(m)};
+                                  .docs = m.docs};
     layer_attention_forward(m, l, fa, ulysses_attention_shape(m), s);
     // Head-sharded output -> token-sharded a.att [T, Hq d]: rows of GPU j's tokens go to GPU j.
     layer_all_to_all(m, l, u.receive, u.heads_out, g.T * qd, DType::BF16, s);
@@ -320,7 +331,7 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
                                    .dout = u.heads_out, .ldq = g.WH, .ldk = g.WH, .ldv = g.WH, .ldo = 0, .lddo = qd,
                                    .lse = a.lse, .dq = u.heads_dqkv, .dk = u.heads_dqkv + qd,
                                    .dv = u.heads_dqkv + qd + kvd, .lddq = g.WH, .lddk = g.WH, .lddv = g.WH,
-                                   .delta = m.delta, .dq_accum = m.dq_accum, .docs = step_attention_docs(m)};
+                                   .delta = m.delta, .dq_accum = m.dq_accum, .docs = m.docs};
     layer_attention_backward(m, l, ba, ulysses_attention_shape(m), s);
     // Head-sharded dq, dk, dv -> token-sharded d q|k|v [T, QKV] in the send staging (replicated
     // KV heads summed), where qkv_backward reads it.
@@ -404,15 +415,12 @@ void untied_project(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
     for (int j = 0; j < p.sp; j++) {
         bf16* q = p.send + (int64_t)j * p.T * w;
         bf16* k = p.kv_send + (int64_t)j * p.T * 2 * kvw;
-        if (c.qk_norm()) {  // Qwen3: q and k normalized per head before RoPE
-            head_norm_forward(m, P_Q_NORM, l, q, w, p.K, p.T, s);
-            if (kv) head_norm_forward(m, P_K_NORM, l, k, 2 * kvw, p.kv, p.T, s);
-        }
+        qk_norm_forward(m, l, q, w, p.K, kv ? k : nullptr, 2 * kvw, p.kv, p.T, s);  // Qwen3: per head, before RoPE
         rope_apply(q, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, false, s,
-                   step_doc_positions(m));
+                   m.doc_positions);
         if (kv)
             rope_apply(k, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, false,
-                       s, step_doc_positions(m));
+                       s, m.doc_positions);
     }
     chunk_all_to_all(m, p, l, p.heads_q, p.send, p.T * w, DType::BF16, s);
     if (kv) chunk_all_to_all(m, p, l, p.heads_kv, p.kv_send, p.T * 2 * kvw, DType::BF16, s);
@@ -497,7 +505,7 @@ void untied_attention_forward(Model& m, int l, cudaStream_t s) {
         untied_project(m, p, l, i, s);
         const AttentionForwardArgs fa{.q = p.heads_q, .k = p.heads_kv, .v = p.heads_kv + kvw, .ldq = w, .ldk = 2 * kvw,
                                       .ldv = 2 * kvw, .out = p.heads_out, .ldo = w, .lse = a.lse + (int64_t)i * p.K * p.S,
-                                      .docs = step_attention_docs(m)};
+                                      .docs = m.docs};
         layer_attention_forward(m, l, fa, chunk_shape(p), s);
         // Back to token-sharded, into chunk i's columns of every GPU's share of the output.
         chunk_all_to_all(m, p, l, p.receive, p.heads_out, p.T * w, DType::BF16, s);
@@ -545,15 +553,16 @@ void chunk_attention_backward(Model& m, const Untied& p, int l, int i, cudaStrea
                                    .lse = m.layers[l].lse + (int64_t)i * p.K * p.S, .dq = p.heads_dq,
                                    .dk = p.heads_dkv, .dv = p.heads_dkv + kvw, .lddq = w, .lddk = 2 * kvw,
                                    .lddv = 2 * kvw, .delta = p.heads_delta, .accumulate_dkv = !p.new_kv(i),
-                                   .dq_accum = m.dq_accum, .docs = step_attention_docs(m)};
+                                   .dq_accum = m.dq_accum, .docs = m.docs};
     layer_attention_backward(m, l, ba, chunk_shape(p), s);
 }
 
 // Qwen3: chunk i's dq (and with a complete KV group dk), RoPE undone, back through the per-head
-// norms, in place. The values before the norms are projected again, token chunk by token chunk,
-// into the step's qk_raw.
+// norms, in place (nothing for Llama). The values before the norms are projected again, token
+// chunk by token chunk, into the step's qk_raw.
 void chunk_qk_norm_backward(Model& m, const Untied& p, int l, int i, bool kv_done, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
+    if (!c.qk_norm()) return;
     const int64_t w = p.K * p.d, kvw = p.kv * p.d;
     const bf16* Wqkv = m.w(P_WQKV, l);
     for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
@@ -585,12 +594,12 @@ void chunk_input_gradients(Model& m, const Untied& p, int l, int i, bf16* dxn1, 
     if (kv_done) chunk_all_to_all(m, p, l, p.kv_send, p.heads_dkv, p.T * 2 * kvw, DType::BF16, s);
     for (int j = 0; j < p.sp; j++) {
         rope_apply(p.receive + (int64_t)j * p.T * w, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w,
-                   m.inv_freq, true, s, step_doc_positions(m));
+                   m.inv_freq, true, s, m.doc_positions);
         if (kv_done)
             rope_apply(p.kv_send + (int64_t)j * p.T * 2 * kvw, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv,
-                       (int)p.d, 2 * kvw, m.inv_freq, true, s, step_doc_positions(m));
+                       (int)p.d, 2 * kvw, m.inv_freq, true, s, m.doc_positions);
     }
-    if (c.qk_norm()) chunk_qk_norm_backward(m, p, l, i, kv_done, s);  // Qwen3: through the per-head norms
+    chunk_qk_norm_backward(m, p, l, i, kv_done, s);  // Qwen3: through the per-head norms
     for (int j = 0; j < p.sp; j++) {
         add_dxn1(p.receive + (int64_t)j * p.T * w, w, Wqkv + q_row(c, p.q_first(j, i)) * p.D, w);
         if (!kv_done) continue;
@@ -644,3 +653,113 @@ int untied_chunks(const Model& m) { return m.untied->chunks; }
 void untied_chunk_dout(Model& m, int l, int i, cudaStream_t s) { chunk_dout(m, *m.untied, l, i, s); }
 void untied_chunk_deltas(Model& m, int l, int i, cudaStream_t s) { chunk_deltas(m, *m.untied, l, i, s); }
 bf16* untied_staging(const Model& m) { return m.untied->send; }
+
+// =============================================================================================
+// Attention, one sub-layer of the layer (llama.cu calls it, checkpointing reruns it): plain
+// attention over each sequence on one GPU, or Ulysses's, or Untied's, whichever the plan made.
+// The token-wise pieces around the kernel, norm, projection, (Qwen3) per-head norms and RoPE,
+// walk the token chunks (chunked.cu).
+
+// The shape of one attention call: every head of each sequence, or this GPU's share of the
+// heads over the whole sequence (Ulysses), or one head chunk (Untied Ulysses).
+AttentionShape attention_call_shape(const Model& m) {
+    if (m.untied) return untied_attention_shape(m);
+    if (m.ulysses) return ulysses_attention_shape(m);
+    return {m.shape.batch, m.shape.seq, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim};
+}
+
+// Where layer l's projection writes q|k|v of this GPU's tokens, and where the backward finds
+// their gradient: the layer's qkv and the step's dqkv, or under Ulysses its staging, from where
+// the all-to-all sends them and where it brings them back.
+static bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? m.ulysses->receive : m.layers[l].qkv; }
+static bf16* dqkv_of_tokens(Model& m) { return m.ulysses ? m.ulysses->send : m.dqkv; }
+
+// xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; (Qwen3: q and k normalized per head); RoPE on q and k
+// (positions of this GPU's tokens).
+static void qkv_forward(Model& m, int l, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t QKV = c.qkv_dim();
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
+        bf16* qkv = qkv_of_tokens(m, l) + t0 * QKV;
+        attention_norm_forward(m, l, t0, t1, s);
+        linear_forward(qkv, m.layers[l].xn1, m.w(P_WQKV, l), nullptr, t1 - t0, c.dim, QKV, s);
+        qk_norm_forward(m, l, qkv, QKV, c.n_heads, qkv + c.q_dim(), QKV, c.n_kv_heads, t1 - t0, s);
+        rope_apply(qkv, t1 - t0, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim,
+                   QKV, m.inv_freq, false, s, m.doc_positions);
+    });
+}
+
+// Qwen3: d q|k of n tokens (rows ld apart) back through the per-head norms, in place; nothing for
+// Llama. The values before the norms are not kept: they are projected again from the normalized input xn.
+static void qk_norm_backward(Model& m, int l, bf16* dqk, int64_t ld, const bf16* xn, int64_t n, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    if (!c.qk_norm()) return;
+    const int64_t QK = c.q_dim() + c.kv_dim();  // Wqkv's first rows: q, then k
+    linear_forward(m.qk_raw, xn, m.w(P_WQKV, l), nullptr, n, c.dim, QK, s);
+    head_norm_backward(m, P_Q_NORM, l, dqk, ld, m.qk_raw, QK, c.n_heads, n, s);
+    head_norm_backward(m, P_K_NORM, l, dqk + c.q_dim(), ld, m.qk_raw + c.q_dim(), QK, c.n_kv_heads, n, s);
+}
+
+// Backward of qkv_forward for tokens [t0, t1): d qkv (RoPE undone) -> dWqkv, and d x_in added to dres.
+static void qkv_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t n = t1 - t0, QKV = c.qkv_dim();
+    bf16* dqkv = dqkv_of_tokens(m) + t0 * QKV;
+    rope_apply(dqkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
+               m.inv_freq, true, s, m.doc_positions);
+    recompute_attention_norm(m, l, t0, t1, s);  // offload.cu (checkpointing): xn1, if it was not kept
+    qk_norm_backward(m, l, dqkv, QKV, a.xn1, n, s);  // Qwen3: through the per-head norms
+    linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), n, c.dim, QKV, s);
+    linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, n, c.dim, QKV, s);
+    rmsnorm_backward(m.dres + t0 * c.dim, m.g(P_ATTN_NORM, l), m.dxn, a.x_in + t0 * c.dim, m.w(P_ATTN_NORM, l),
+                     a.rstd1, n, c.dim, true, m.norm_partial, s);
+}
+
+// att, lse of layer l from x_in.
+void attention_block_forward(Model& m, int l, cudaStream_t s) {
+    if (m.untied) return untied_attention_forward(m, l, s);  // head chunk by head chunk
+    qkv_forward(m, l, s);
+    if (m.ulysses) return ulysses_attention_forward(m, l, s);  // all-to-alls around it
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t QKV = c.qkv_dim();
+    const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + c.q_dim(), .v = a.qkv + c.q_dim() + c.kv_dim(),
+                                  .ldq = QKV, .ldk = QKV, .ldv = QKV, .out = a.att, .ldo = c.q_dim(), .lse = a.lse,
+                                  .docs = m.docs};
+    layer_attention_forward(m, l, fa, attention_call_shape(m), s);
+}
+
+// q|k|v again as attention's backward reads them, where the output and lse were kept (Untied's
+// backward projects them per head chunk itself).
+void attention_inputs_forward(Model& m, int l, cudaStream_t s) {
+    if (m.untied) return;
+    qkv_forward(m, l, s);
+    if (m.ulysses) ulysses_qkv_to_heads(m, l, s);  // attention's backward reads them head-sharded
+}
+
+// d att of tokens [t0, t1) = d x_mid Wo (Untied Ulysses takes it a head chunk at a time instead).
+void attention_dout(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    if (m.untied) return;
+    const int64_t QD = m.cfg.q_dim(), D = m.cfg.dim;
+    linear_backward_input(m.datt + t0 * QD, m.dres + t0 * D, m.w(P_WO, l), t1 - t0, QD, D, s);
+}
+
+// Attention's backward over the whole sequence (d q|k|v from d att), then the projection's:
+// dres += d loss / d x_in through attention.
+void attention_block_backward(Model& m, int l, cudaStream_t s) {
+    if (m.untied) return untied_attention_backward(m, l, s);  // head chunk by head chunk
+    if (m.ulysses) ulysses_attention_backward(m, l, s);       // all-to-alls around it
+    else {
+        const LlamaConfig& c = m.cfg;
+        LayerActivations& a = m.layers[l];
+        const int64_t QKV = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
+        const AttentionBackwardArgs ba{.q = a.qkv, .k = a.qkv + Q, .v = a.qkv + Q + K, .out = a.att, .dout = m.datt,
+                                       .ldq = QKV, .ldk = QKV, .ldv = QKV, .ldo = Q, .lddo = Q, .lse = a.lse,
+                                       .dq = m.dqkv, .dk = m.dqkv + Q, .dv = m.dqkv + Q + K, .lddq = QKV,
+                                       .lddk = QKV, .lddv = QKV, .delta = m.delta, .dq_accum = m.dq_accum,
+                                       .docs = m.docs};
+        layer_attention_backward(m, l, ba, attention_call_shape(m), s);
+    }
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { qkv_backward(m, l, t0, t1, s); });
+}

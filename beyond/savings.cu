@@ -41,9 +41,11 @@
 //    Cost: none.
 #include "llama.h"
 
-// The plan: offload.cu stages the inputs through one slot (its slot of layer l is l % 1); Untied's
-// normalized-input gradient and the fused dQ sums get no buffers of their own.
+// The plan: the LM head in pieces where the vocabulary is cut; offload.cu stages the inputs
+// through one slot (its slot of layer l is l % 1); Untied's normalized-input gradient and the
+// fused dQ sums get no buffers of their own.
 void savings_plan(Model& m) {
+    if (m.layout.vocab_pieces() > 1) m.hooks.lm_head = lm_head_in_pieces, m.hooks.lm_head_units = lm_head_pieces_order;
     if (m.opt.one_offload_slot && m.plan.x_in == Hold::ON_HOST) m.plan.x_slots = 1;
     if (m.untied && m.opt.dq_sums_in_staging) m.plan.dq_sums_buffer = false;
     if (untied_grad_in_att_output(m)) m.plan.dxn1_buffer = false;
@@ -103,8 +105,9 @@ static void head_backward_pass(Model& m, cudaStream_t s) {
     }
 }
 
-void lm_head_in_pieces(Model& m, cudaStream_t s) {
+void lm_head_in_pieces(Model& m, bool backward, cudaStream_t s) {
     head_loss_pass(m, s);
+    if (!backward) return;  // the loss alone (model_forward_loss)
     head_backward_pass(m, s);
     const int64_t D = m.cfg.dim;
     for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {  // dres: d norm(x) -> d x_final
@@ -113,8 +116,6 @@ void lm_head_in_pieces(Model& m, cudaStream_t s) {
         final_norm_backward(m, t0, n, m.dxn, s);
     });
 }
-
-void lm_head_loss_in_pieces(Model& m, cudaStream_t s) { head_loss_pass(m, s); }
 
 // The units the head acquires: every piece for the loss, then every piece for the backward (a
 // forward alone: the loss's only).

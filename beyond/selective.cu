@@ -88,21 +88,19 @@ static void plan_host_and_device(Model& m) {
     m.plan.att_device_layers = device_layers(m.plan.att_host_layers);
 }
 
+// The plan, and with --offload the hooks that move the outputs: before a layer's attention its
+// staging slot is free, after it the output goes to the host, before the layer's backward it comes
+// back (and a rebuilt input is rebuilt).
 void selective_plan(Model& m) {
     if (!m.opt.selective) return;
     m.plan.att = Hold::PER_LAYER;  // kept, not recomputed
     if (m.plan.x_in != Hold::ON_HOST) return;
     m.plan.att = Hold::ON_HOST;
     plan_host_and_device(m);
-}
-
-bool attention_kept(const Model& m, int l) {
-    switch (m.plan.att) {
-        case Hold::PER_LAYER: return true;
-        case Hold::ON_HOST:  // on the host, on the device, or in the staging slot (the last layer)
-            return l < m.plan.att_host_layers || l >= m.cfg.n_layers - 1 - m.plan.att_device_layers;
-        default: return false;
-    }
+    step_hook(m, LAYER_FORWARD_BEGIN, selective_before_attention);
+    step_hook(m, AFTER_ATTENTION, selective_after_attention);
+    step_hook(m, LAYER_BACKWARD_BEGIN, selective_before_layer_backward);
+    setup_hook(m, selective_create, selective_destroy);
 }
 
 // The layers kept on the device are the ones just before the last: L-1-D .. L-2.
@@ -153,7 +151,7 @@ std::string selective_plan_text(const Model& m) {
 }
 
 void selective_create(Model& m) {
-    if (m.plan.att != Hold::ON_HOST) return;
+    if (!m.pin_host) return;  // a run of no steps plans the pinned memory only
     Selective* sel = m.selective = new Selective();
     const int64_t K = m.plan.att_host_layers;
     auto pin = [&](void** p, int64_t bytes, const char* what) {
@@ -183,11 +181,11 @@ void selective_destroy(Model& m) {
 
 void selective_before_attention(Model& m, int l, cudaStream_t s) {
     // Layer l's attention output goes into the staging slot that held layer l-1's.
-    if (m.selective && l >= 1) CUDA_CHECK(cudaStreamWaitEvent(s, m.selective->copied_out, 0));
+    if (l >= 1) CUDA_CHECK(cudaStreamWaitEvent(s, m.selective->copied_out, 0));
 }
 
 void selective_after_attention(Model& m, int l, cudaStream_t s) {
-    if (!m.selective || l >= m.plan.att_host_layers) return;
+    if (l >= m.plan.att_host_layers) return;
     Selective& sel = *m.selective;
     const int64_t n = output_elements(m), nl = layer_lse_floats(m);
     offload_copy(m, sel.host_att + l * n, m.layers[l].att, n * 2, cudaMemcpyDeviceToHost, "att to host", l, s);
@@ -215,18 +213,10 @@ static void rebuild_input(Model& m, int l, cudaStream_t s) {
     fetch_attention(m, l - 1, false, s);  // layer l-1 < K: the wait covers its input's copy too
     fsdp_acquire(m, m.layout.layer_unit(l - 1), s);  // gathered ahead; released in its own turn
     TimelineMark mark(m, s, "compute", "input rebuild", l);
-    block_output_forward(m, l - 1, s);
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { block_output_forward(m, l - 1, t0, t1, s); });
 }
 
 void selective_before_layer_backward(Model& m, int l, cudaStream_t s) {
-    if (!m.selective) return;
     if (input_rebuilt(m.plan, l)) rebuild_input(m, l, s), offload_input_written(m, l);
     fetch_attention(m, l, true, s);  // layer l's attention output (over layer l-1's, after a rebuild)
-}
-
-void selective_recompute_attention(Model& m, int l, cudaStream_t s) {
-    if (!attention_kept(m, l)) return attention_block_forward(m, l, s);  // beyond the host's and the device's room
-    if (m.untied) return;  // Untied's backward projects q|k|v per head chunk itself
-    qkv_forward(m, l, s);
-    if (m.ulysses) ulysses_qkv_to_heads(m, l, s);  // attention's backward reads them head-sharded
 }

@@ -547,13 +547,13 @@ void model_sync(Model& m, cudaStream_t s) {
         for (Comm* c : {m.comm, m.comm_fsdp})
             if (c) c->check();
         // Progress: events complete in order; a newly completed one restarts the clock.
-        while (done < m.progress_recorded && cudaEventQuery(m.progress[done]) == cudaSuccess) {
+        while (done < m.watch.step_recorded && cudaEventQuery(m.watch.step[done]) == cudaSuccess) {
             done++;
             t0 = std::chrono::steady_clock::now();
         }
         // The same for an evaluation's forward (model_forward_loss), whose events are its own.
-        while (forward_done < m.forward_progress_recorded &&
-               cudaEventQuery(m.forward_progress[forward_done]) == cudaSuccess) {
+        while (forward_done < m.watch.forward_recorded &&
+               cudaEventQuery(m.watch.forward[forward_done]) == cudaSuccess) {
             forward_done++;
             t0 = std::chrono::steady_clock::now();
         }

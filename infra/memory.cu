@@ -91,11 +91,11 @@ std::vector<MemTracePoint> model_memory_trace(const Model& m, const Arena& arena
     };
     std::vector<MemTracePoint> pts;
     auto add = [&](const char* point, int layer, int event, int held, int64_t host) {
-        if (event >= m.progress_recorded) return;
+        if (event >= m.watch.step_recorded) return;
         MemTracePoint p;
         p.point = point, p.layer = layer;
         float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, m.progress[0], m.progress[event]));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, m.watch.step[0], m.watch.step[event]));
         p.t_ms = ms;
         for (int c = 0; c < MEM_NUM_CATEGORIES; c++)
             p.live[c] = arena.category_bytes(c) - (int64_t)(L - held) * m.saved_per_layer[c];

@@ -1,4 +1,5 @@
-// infra/timeline.cu - --timeline FILE: when each part of the last step ran, on which stream, as JSON.
+// infra/timeline.cu - the step's phases: --timeline FILE (when each part of the last step ran, on
+// which stream, as JSON), and the progress events and line (the end of this file).
 //
 // A measuring tool, not a technique: it changes nothing the step computes. Each mark is a pair
 // of CUDA events recorded on the stream that does the work, so it times the work itself, not
@@ -10,11 +11,11 @@
 // Marks of one stream may nest (a layer's backward holds its attention's rerun, which holds the
 // attention kernel). bench/throughput.py adds them up per layer.
 //
-// The marks: each layer's "forward" and "backward" turn (llama.cu), inside them the attention
-// kernels, the all-to-alls (with the bytes this GPU sends), the MLP and the attention rerun; the
-// "head"; FSDP's gathers and reduce-scatters on its stream ("fsdp"; the layer field holds the unit);
-// offload's copies on the copy stream ("copy"). Each is one line where its work is queued
-// (`grep -rn TimelineMark`). Under --sim-world the collectives are local copies (infra/comm.cu):
+// The marks: each layer's "forward" and "backward" turn and the "head" (the step's phases,
+// StepPhase, llama.cu), inside them the attention kernels, the all-to-alls (with the bytes this GPU
+// sends), the MLP and the attention rerun; FSDP's gathers and reduce-scatters on its stream
+// ("fsdp"; the layer field holds the unit); offload's copies on the copy stream ("copy"). Each is
+// one line where its work is queued (`grep -rn 'TimelineMark\|StepPhase'`). Under --sim-world the collectives are local copies (infra/comm.cu):
 // their marks give their bytes, and their times are those of the copies, not of a network.
 #include "llama.h"
 
@@ -100,4 +101,59 @@ std::vector<TimelineEntry> timeline_read(Model& m) {
         out.push_back({mk.stream, mk.what, mk.layer, b, e, mk.bytes});
     }
     return out;
+}
+
+// =============================================================================================
+// The step's progress.
+void watch_create(Model& m) {
+    StepWatch& w = m.watch;
+    w.step.resize(2 * m.cfg.n_layers + 2);  // start, each forward, the head, each backward
+    for (auto& e : w.step) CUDA_CHECK(cudaEventCreate(&e));  // timed: --mem-trace reads them
+    w.forward.resize(m.cfg.n_layers + 1);  // model_forward_loss: each layer, the head
+    for (auto& e : w.forward) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+void watch_destroy(Model& m) {
+    for (auto& e : m.watch.step) cudaEventDestroy(e);
+    for (auto& e : m.watch.forward) cudaEventDestroy(e);
+    m.watch = StepWatch();
+}
+
+// Records the next event of the step's (or the forward's) list, while it has room. An error is
+// not thrown here (a destructor calls it): the next CUDA call of the step reports it.
+static void progress_event(Model& m, cudaStream_t s) {
+    StepWatch& w = m.watch;
+    std::vector<cudaEvent_t>& events = m.forward_only ? w.forward : w.step;
+    int& recorded = m.forward_only ? w.forward_recorded : w.step_recorded;
+    if (recorded < (int)events.size()) cudaEventRecord(events[recorded++], s);
+}
+
+void watch_step_begin(Model& m, cudaStream_t s, ProgressFn progress, void* ctx) {
+    StepWatch& w = m.watch;
+    w.progress = progress, w.progress_ctx = ctx;
+    if (m.forward_only) {
+        w.forward_recorded = 0;
+        return;
+    }
+    timeline_step_begin(m, s);  // --timeline: the marks are times from here
+    w.step_recorded = 0;
+    progress_event(m, s);  // the step's start
+}
+
+void watch_step_end(Model& m) {
+    if (!m.forward_only) timeline_step_end(m);
+    m.watch.progress = nullptr;
+}
+
+StepPhase::StepPhase(Model& m, cudaStream_t s, const char* what, int layer)
+    : m_(m), s_(s), what_(what), layer_(layer) {
+    mark_.emplace(m, s, "compute", what, layer);
+}
+
+// Nothing more while an error unwinds the step.
+StepPhase::~StepPhase() {
+    mark_.reset();  // the mark ends before the phase's event
+    if (std::uncaught_exceptions() > 0) return;
+    progress_event(m_, s_);
+    if (m_.watch.progress && layer_ >= 0) m_.watch.progress(m_.watch.progress_ctx, what_, layer_);
 }
