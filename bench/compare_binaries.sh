@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # bench/compare_binaries.sh - does a change compute what the binary before it computed? On one GPU:
 #   same     --dump of step 1 (loss and every gradient) at stages 0-7, with and without
-#            --ckpt=selective, lean and fused, with and without packed documents, for tiny-hd128
-#            at 2K and 3B with 2 layers at 8K:
-#            the two binaries' files compared byte for byte; then --sim-world logs (loss and
-#            gradient norm of each step) at stages 6 and 7
+#            --ckpt=selective (also with outputs on the host and a rebuilt input), lean and fused,
+#            with and without packed documents, Llama and Qwen3, 2-8 real ranks (--comm host),
+#            tiny models at 2K-8K and 3B with 2 layers at 8K: the two binaries' files compared
+#            byte for byte; then --sim-world logs (loss and gradient norm of each step) at
+#            stages 6 and 7
 #   suites   every test binary of $SUITE_BIN (build/tests), with its counts and time
 #   both     the two
 # OLD=the previous ./train (required for same), NEW=./train; logs under $OUT (default /tmp/out).
-# results/parity/card_reorganisation_vs_previous_binary.txt came from it (removed from main:
-# git show 7d8ad1a:results/parity/card_reorganisation_vs_previous_binary.txt).
+# results/refactor/compare_binaries_h100.txt came from it.
 set -u
 what=${1:-both}
 export NCCL_NVLS_ENABLE=0
@@ -29,26 +29,27 @@ if [ "$what" = same ] || [ "$what" = both ]; then
     echo "$name $(stat -c %s /tmp/new.bin 2>/dev/null) bytes: $r" | tee -a "$L/same.txt"
     rm -f /tmp/old.bin /tmp/new.bin
   }
-  for st in 0 1 2 3 4 5 6 7; do
-    dumpcmp tiny_s$st --config tiny-hd128 --seq-len 2K --steps 1 --stage $st --seed 3
-    dumpcmp tinysel_s$st --config tiny-hd128 --seq-len 2K --steps 1 --stage $st --seed 3 --ckpt=selective
-  done
-  for st in 6 7; do
-    dumpcmp tiny_fast_s$st --config tiny-hd128 --seq-len 2K --steps 1 --stage $st --seed 3 --attention fast
-    dumpcmp tiny_fused_s$st --config tiny-hd128 --seq-len 2K --steps 1 --stage $st --seed 3 --attention fused
-  done
-  for st in 0 1 2 3 4 5 6 7; do
-    dumpcmp 3b_s$st --config llama3.2-3b --layers 2 --seq-len 8K --steps 1 --stage $st --seed 3
-  done
-  for at in fast fused; do  # packed documents (--doc-mask), both backwards
-    for st in 0 6 7; do
-      dumpcmp tiny_docs_${at}_s$st --config tiny-hd128 --seq-len 2K --steps 1 --stage $st --seed 3 --attention $at \
-        --task copy --doc-lengths 128,700 --doc-mask
-    done
-    dumpcmp 3b_docs_${at}_s6 --config llama3.2-3b --layers 2 --seq-len 8K --steps 1 --stage 6 --seed 3 --attention $at \
-      --task copy --doc-lengths 512,3K --doc-mask
-  done
-  dumpcmp 3b_s7_sel --config llama3.2-3b --layers 2 --seq-len 8K --steps 1 --stage 7 --ckpt=selective --seed 3
+  T="--config tiny-hd128 --seq-len 2K --steps 1 --seed 3"
+  for st in 0 1 2 3 4 5 6 7; do dumpcmp tiny_s$st $T --stage $st; done
+  for st in 3 4 6 7; do dumpcmp tinysel_s$st $T --stage $st --ckpt=selective; done
+  for st in 6 7; do dumpcmp tiny_fused_s$st $T --stage $st --attention fused; dumpcmp tiny_fast_s$st $T --stage $st --attention fast; done
+  for at in fast fused; do for st in 0 6 7; do
+    dumpcmp tiny_docs_${at}_s$st $T --stage $st --attention $at --task copy --doc-lengths 128,700 --doc-mask; done; done
+  Q="--config tiny-qwen3 --seq-len 2K --steps 1 --seed 3"
+  for st in 0 3 4 5 6 7; do dumpcmp qwen3_s$st $Q --stage $st; done
+  dumpcmp qwen3_sel_s7 $Q --stage 7 --ckpt=selective
+  dumpcmp qwen3_docs_fused_s6 $Q --stage 6 --attention fused --task copy --doc-lengths 128,700 --doc-mask
+  S="--config tiny-hd128 --layers 8 --seq-len 8K --steps 1 --seed 3 --ckpt=selective --host-mem-gib 0.03 --rebuild-inputs 2 --device-keep-gib 0.004"
+  for st in 4 6 7; do dumpcmp tiny8_selhost_s$st $S --stage $st; done
+  for st in 2 6 7; do dumpcmp tiny_np2_s$st $T --stage $st --nproc 2 --comm host; done
+  dumpcmp tiny_np2_docs_s6 $T --stage 6 --nproc 2 --comm host --task copy --doc-lengths 128,700 --doc-mask
+  dumpcmp tiny8h_np4_s6 --config tiny-8h --seq-len 2K --steps 1 --seed 3 --stage 6 --nproc 4 --comm host
+  dumpcmp tiny8h_np4_s2 --config tiny-8h --seq-len 2K --steps 1 --seed 3 --stage 2 --nproc 4 --comm host
+  for st in 2 6 7; do dumpcmp qwen3_np2_s$st $Q --stage $st --nproc 2 --comm host; done
+  dumpcmp qwen3_8h_np8_s7 --config tiny-qwen3-8h --seq-len 2K --steps 1 --seed 3 --stage 7 --nproc 8 --comm host
+  B="--config llama3.2-3b --layers 2 --seq-len 8K --steps 1 --seed 3"
+  for st in 0 6 7; do dumpcmp 3b_s$st $B --stage $st; done
+  dumpcmp 3b_s7_sel $B --stage 7 --ckpt=selective
   fi
   simcmp() {  # name, args...
     local name=$1; shift
@@ -64,8 +65,6 @@ if [ "$what" = same ] || [ "$what" = both ]; then
   }
   simcmp tiny_w4_s7 --config tiny-hd128 --seq-len 4K --steps 3 --stage 7 --sim-world 4 --seed 5 --task random
   simcmp tiny_w4_s6 --config tiny-hd128 --seq-len 4K --steps 3 --stage 6 --sim-world 4 --seed 5 --task random
-  simcmp 3b_w8_s6 --config llama3.2-3b --layers 2 --seq-len 64K --steps 2 --stage 6 --sim-world 8 --seed 5 --task random --mem-cap-gib 80
-  simcmp 3b_w8_s7 --config llama3.2-3b --layers 2 --seq-len 64K --steps 2 --stage 7 --sim-world 8 --seed 5 --task random --mem-cap-gib 80
   simcmp 3b_w8_s7sel --config llama3.2-3b --layers 3 --seq-len 64K --steps 2 --stage 7 --ckpt=selective --sim-world 8 --seed 5 --task random --mem-cap-gib 80
 fi
 if [ "$what" = suites ] || [ "$what" = both ]; then
