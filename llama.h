@@ -350,6 +350,9 @@ void attention_block_backward(Model& m, int l, cudaStream_t s);  // dres += d lo
 void attention_inputs_forward(Model& m, int l, cudaStream_t s);  // q|k|v again, as its backward reads them
 void attention_dout(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // d att of the chunk = d x_mid Wo
 AttentionShape attention_call_shape(const Model& m);            // one attention call
+// One attention call of layer l, marked on --timeline.
+void layer_attention_forward(Model& m, int l, const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
+void layer_attention_backward(Model& m, int l, const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s);
 
 // Plan queries, for the techniques that move activations: whether layer l's backward finds its
 // attention output and lse kept from the forward (no rerun; selective checkpointing keeps them on
@@ -411,6 +414,8 @@ void ulysses_check(const LlamaConfig& c, const RunShape& shape);
 void ulysses_plan(Model& m);
 void ulysses_declare_buffers(Model& m, Arena& A);
 AttentionShape ulysses_attention_shape(const Model& m);  // one attention call: S tokens, this GPU's heads
+bf16* ulysses_token_qkv(const Model& m);   // where the projection writes q|k|v of this GPU's tokens
+bf16* ulysses_token_dqkv(const Model& m);  // where the backward finds d q|k|v of this GPU's tokens
 void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s);  // token-sharded q|k|v -> the layer's qkv
 void ulysses_attention_forward(Model& m, int l, cudaStream_t s);
 void ulysses_attention_backward(Model& m, int l, cudaStream_t s);

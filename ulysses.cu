@@ -75,13 +75,13 @@
 #include "llama.h"
 
 // One attention call of layer l, marked on --timeline.
-static void layer_attention_forward(Model& m, int l, const AttentionForwardArgs& a, const AttentionShape& sh,
+void layer_attention_forward(Model& m, int l, const AttentionForwardArgs& a, const AttentionShape& sh,
                                     cudaStream_t s) {
     TimelineMark mark(m, s, "compute", "attention forward", l);
     attention_forward(a, sh, s);
 }
 
-static void layer_attention_backward(Model& m, int l, const AttentionBackwardArgs& a, const AttentionShape& sh,
+void layer_attention_backward(Model& m, int l, const AttentionBackwardArgs& a, const AttentionShape& sh,
                                      cudaStream_t s) {
     TimelineMark mark(m, s, "compute", "attention backward", l);
     attention_backward(a, sh, s);
@@ -148,6 +148,11 @@ AttentionShape ulysses_attention_shape(const Model& m) {
     const UlyssesHeads h = ulysses_heads(m.cfg, m.shape.sp);
     return {1, m.shape.tokens() * m.shape.sp, h.q, h.kv, m.cfg.head_dim};
 }
+
+// The projection writes q|k|v of this GPU's tokens into the receive staging, from where they are
+// packed and sent; d q|k|v of its tokens comes back unpacked into the send staging.
+bf16* ulysses_token_qkv(const Model& m) { return m.ulysses->receive; }
+bf16* ulysses_token_dqkv(const Model& m) { return m.ulysses->send; }
 
 namespace {
 
@@ -671,8 +676,8 @@ AttentionShape attention_call_shape(const Model& m) {
 // Where layer l's projection writes q|k|v of this GPU's tokens, and where the backward finds
 // their gradient: the layer's qkv and the step's dqkv, or under Ulysses its staging, from where
 // the all-to-all sends them and where it brings them back.
-static bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? m.ulysses->receive : m.layers[l].qkv; }
-static bf16* dqkv_of_tokens(Model& m) { return m.ulysses ? m.ulysses->send : m.dqkv; }
+static bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? ulysses_token_qkv(m) : m.layers[l].qkv; }
+static bf16* dqkv_of_tokens(Model& m) { return m.ulysses ? ulysses_token_dqkv(m) : m.dqkv; }
 
 // xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; (Qwen3: q and k normalized per head); RoPE on q and k
 // (positions of this GPU's tokens).
