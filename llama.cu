@@ -82,6 +82,129 @@ static void unit_end(Model& m, int u, int use, cudaStream_t s, bool last = true)
 }
 
 // =============================================================================================
+// Attention, one sub-layer of the layer (llama.cu calls it, checkpointing reruns it): plain
+// attention over each sequence on one GPU, or Ulysses's, or Untied's, whichever the plan made.
+// The token-wise pieces around the kernel, norm, projection, (Qwen3) per-head norms and RoPE,
+// walk the token chunks (chunked.cu).
+
+// The shape of one attention call: every head of each sequence, or this GPU's share of the
+// heads over the whole sequence (Ulysses), or one head chunk (Untied Ulysses).
+AttentionShape attention_call_shape(const Model& m) {
+    if (m.untied) return untied_attention_shape(m);
+    if (m.ulysses) return ulysses_attention_shape(m);
+    return {m.shape.batch, m.shape.seq, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim};
+}
+
+// Where layer l's projection writes q|k|v of this GPU's tokens, and where the backward finds
+// their gradient: the layer's qkv and the step's dqkv, or under Ulysses its staging, from where
+// the all-to-all sends them and where it brings them back.
+static bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? ulysses_token_qkv(m) : m.layers[l].qkv; }
+static bf16* dqkv_of_tokens(Model& m) { return m.ulysses ? ulysses_token_dqkv(m) : m.dqkv; }
+
+// xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; (Qwen3: q and k normalized per head); RoPE on q and k
+// (positions of this GPU's tokens).
+static void qkv_forward(Model& m, int l, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    const int64_t QKV = c.qkv_dim();
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
+        bf16* qkv = qkv_of_tokens(m, l) + t0 * QKV;
+        attention_norm_forward(m, l, t0, t1, s);
+        linear_forward(qkv, m.layers[l].xn1, m.w(P_WQKV, l), nullptr, t1 - t0, c.dim, QKV, s);
+        qk_norm_forward(m, l, qkv, QKV, c.n_heads, qkv + c.q_dim(), QKV, c.n_kv_heads, t1 - t0, s);
+        rope_apply(qkv, t1 - t0, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim,
+                   QKV, m.inv_freq, false, s, m.doc_positions);
+    });
+}
+
+// Qwen3: d q|k of n tokens (rows ld apart) back through the per-head norms, in place; nothing for
+// Llama. The values before the norms are not kept: they are projected again from the normalized input xn.
+static void qk_norm_backward(Model& m, int l, bf16* dqk, int64_t ld, const bf16* xn, int64_t n, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    if (!c.qk_norm()) return;
+    const int64_t QK = c.q_dim() + c.kv_dim();  // Wqkv's first rows: q, then k
+    linear_forward(m.qk_raw, xn, m.w(P_WQKV, l), nullptr, n, c.dim, QK, s);
+    head_norm_backward(m, P_Q_NORM, l, dqk, ld, m.qk_raw, QK, c.n_heads, n, s);
+    head_norm_backward(m, P_K_NORM, l, dqk + c.q_dim(), ld, m.qk_raw + c.q_dim(), QK, c.n_kv_heads, n, s);
+}
+
+// Backward of qkv_forward for tokens [t0, t1): d qkv (RoPE undone) -> dWqkv, and d x_in added to dres.
+static void qkv_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t n = t1 - t0, QKV = c.qkv_dim();
+    bf16* dqkv = dqkv_of_tokens(m) + t0 * QKV;
+    rope_apply(dqkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
+               m.inv_freq, true, s, m.doc_positions);
+    recompute_attention_norm(m, l, t0, t1, s);  // offload.cu (checkpointing): xn1, if it was not kept
+    qk_norm_backward(m, l, dqkv, QKV, a.xn1, n, s);  // Qwen3: through the per-head norms
+    linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), n, c.dim, QKV, s);
+    linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, n, c.dim, QKV, s);
+    rmsnorm_backward(m.dres + t0 * c.dim, m.g(P_ATTN_NORM, l), m.dxn, a.x_in + t0 * c.dim, m.w(P_ATTN_NORM, l),
+                     a.rstd1, n, c.dim, true, m.norm_partial, s);
+}
+
+// att, lse of layer l from x_in.
+void attention_block_forward(Model& m, int l, cudaStream_t s) {
+    if (m.untied) return untied_attention_forward(m, l, s);  // head chunk by head chunk
+    qkv_forward(m, l, s);
+    if (m.ulysses) return ulysses_attention_forward(m, l, s);  // all-to-alls around it
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t QKV = c.qkv_dim();
+    const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + c.q_dim(), .v = a.qkv + c.q_dim() + c.kv_dim(),
+                                  .ldq = QKV, .ldk = QKV, .ldv = QKV, .out = a.att, .ldo = c.q_dim(), .lse = a.lse,
+                                  .docs = m.docs};
+    layer_attention_forward(m, l, fa, attention_call_shape(m), s);
+}
+
+// q|k|v again as attention's backward reads them, where the output and lse were kept (Untied's
+// backward projects them per head chunk itself).
+void attention_inputs_forward(Model& m, int l, cudaStream_t s) {
+    if (m.untied) return;
+    qkv_forward(m, l, s);
+    if (m.ulysses) ulysses_qkv_to_heads(m, l, s);  // attention's backward reads them head-sharded
+}
+
+// d att of tokens [t0, t1) = d x_mid Wo (Untied Ulysses takes it a head chunk at a time instead).
+void attention_dout(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    if (m.untied) return;
+    const int64_t QD = m.cfg.q_dim(), D = m.cfg.dim;
+    linear_backward_input(m.datt + t0 * QD, m.dres + t0 * D, m.w(P_WO, l), t1 - t0, QD, D, s);
+}
+
+// Attention's backward over the whole sequence (d q|k|v from d att), then the projection's:
+// dres += d loss / d x_in through attention.
+void attention_block_backward(Model& m, int l, cudaStream_t s) {
+    if (m.untied) return untied_attention_backward(m, l, s);  // head chunk by head chunk
+    if (m.ulysses) ulysses_attention_backward(m, l, s);       // all-to-alls around it
+    else {
+        const LlamaConfig& c = m.cfg;
+        LayerActivations& a = m.layers[l];
+        const int64_t QKV = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
+        const AttentionBackwardArgs ba{.q = a.qkv, .k = a.qkv + Q, .v = a.qkv + Q + K, .out = a.att, .dout = m.datt,
+                                       .ldq = QKV, .ldk = QKV, .ldv = QKV, .ldo = Q, .lddo = Q, .lse = a.lse,
+                                       .dq = m.dqkv, .dk = m.dqkv + Q, .dv = m.dqkv + Q + K, .lddq = QKV,
+                                       .lddk = QKV, .lddv = QKV, .delta = m.delta, .dq_accum = m.dq_accum,
+                                       .docs = m.docs};
+        layer_attention_backward(m, l, ba, attention_call_shape(m), s);
+    }
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { qkv_backward(m, l, t0, t1, s); });
+}
+
+// One attention call of layer l, marked on --timeline.
+void layer_attention_forward(Model& m, int l, const AttentionForwardArgs& a, const AttentionShape& sh,
+                                    cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "attention forward", l);
+    attention_forward(a, sh, s);
+}
+
+void layer_attention_backward(Model& m, int l, const AttentionBackwardArgs& a, const AttentionShape& sh,
+                                     cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "attention backward", l);
+    attention_backward(a, sh, s);
+}
+
+// =============================================================================================
 // One layer's forward: x_in -> x_out, keeping what the backward reads. Attention is one sub-layer
 // (ulysses.cu: plain, Ulysses or Untied), which checkpointing reruns; the rest of the block walks
 // the token chunks.
