@@ -1,6 +1,7 @@
-// llama.cu - Llama 3 on one GPU (ladder stage 0) and the training step that every technique of the
-// talk plugs into. The kernels it calls are kernels/ (kernels.h, attention.h); the techniques are
-// one file each, fsdp.cu to chunked.cu, and stage 7 beyond/.
+// llama.cu - Llama 3 on one GPU (ladder stage 0), and the training step into which each technique
+// of the talk enters by name, where it acts. The kernels it calls are kernels/ (kernels.h,
+// attention.h); the techniques live in fsdp.cu, ulysses.cu, offload.cu and chunked.cu, and stage 7
+// in beyond/.
 //
 // The step, for T = batch * seq tokens (shapes row-major, bf16 unless noted):
 //
@@ -24,10 +25,11 @@
 //
 // Every per-token piece of a layer works on a token range [t0, t1): a layer walks its tokens in
 // chunks, one chunk of all T tokens in the plain step, chunks of C tokens under --chunked. The
-// plain step keeps every activation for the backward. Each technique enters through its *_plan:
-// where activations live (the ActivationPlan), and hooks at fixed places of the step (StepPlace,
-// llama.h); attention is one sub-layer (ulysses.cu). docs/design.md lists where each flag changes
-// the step, and a test keeps that list true.
+// plain step keeps every activation for the backward. A technique changes that in its *_plan
+// (where each activation lives: the ActivationPlan of llama.h), and the step calls the
+// technique's functions by name where it acts, under its flag or plan: `if (m.opt.offload)
+// offload_save_block_input(m, l, s);`. docs/design.md lists every such call, and a test keeps
+// that list true to this file.
 #include <algorithm>
 
 #include "llama.h"
@@ -51,180 +53,39 @@ void for_each_loss_chunk(const Model& m, const std::function<void(int64_t t0, in
 }
 
 // =============================================================================================
-// Where the techniques enter the step. Each technique's *_plan adds its hooks at the places of
-// StepPlace (llama.h); a place runs its hooks in the ladder's order, the backward's in reverse.
-void step_hook(Model& m, StepPlace place, StepHook hook) { m.hooks.at[place].push_back(hook); }
-
-void setup_hook(Model& m, void (*create)(Model&), void (*destroy)(Model&)) {
-    m.hooks.create.push_back(create);
-    m.hooks.destroy.insert(m.hooks.destroy.begin(), destroy);  // the last made is the first freed
-}
-
-static void run_hooks(Model& m, StepPlace place, int l, cudaStream_t s) {
-    const std::vector<StepHook>& hooks = m.hooks.at[place];
-    if (place == LAYER_BACKWARD_BEGIN)
-        for (auto h = hooks.rbegin(); h != hooks.rend(); ++h) (*h)(m, l, s);
-    else
-        for (StepHook h : hooks) h(m, l, s);
-}
-
-// A unit's weights (WEIGHTS) and its gradient (GRADIENTS) in use from unit_begin to unit_end:
-// fsdp.cu gathers the weights and reduce-scatters the gradient (all-reduces it when replicated).
-// `last`: the unit's last contribution to its gradient in the step.
-enum UnitUse { WEIGHTS = 1, GRADIENTS = 2, WEIGHTS_AND_GRADIENTS = 3 };
-static void unit_begin(Model& m, int u, int use, cudaStream_t s) {
-    if (use & WEIGHTS) fsdp_acquire(m, u, s);
-    if (use & GRADIENTS) fsdp_grad_begin(m, u, s);
-}
-static void unit_end(Model& m, int u, int use, cudaStream_t s, bool last = true) {
-    if (use & GRADIENTS) fsdp_grad_end(m, u, last, s);
-    if (use & WEIGHTS) fsdp_release(m, u, s);
-}
-
-// =============================================================================================
-// Attention, one sub-layer of the layer (llama.cu calls it, checkpointing reruns it): plain
-// attention over each sequence on one GPU, or Ulysses's, or Untied's, whichever the plan made.
-// The token-wise pieces around the kernel, norm, projection, (Qwen3) per-head norms and RoPE,
-// walk the token chunks (chunked.cu).
-
-// The shape of one attention call: every head of each sequence, or this GPU's share of the
-// heads over the whole sequence (Ulysses), or one head chunk (Untied Ulysses).
-AttentionShape attention_call_shape(const Model& m) {
-    if (m.untied) return untied_attention_shape(m);
-    if (m.ulysses) return ulysses_attention_shape(m);
-    return {m.shape.batch, m.shape.seq, m.cfg.n_heads, m.cfg.n_kv_heads, m.cfg.head_dim};
-}
-
-// Where layer l's projection writes q|k|v of this GPU's tokens, and where the backward finds
-// their gradient: the layer's qkv and the step's dqkv, or under Ulysses its staging, from where
-// the all-to-all sends them and where it brings them back.
-static bf16* qkv_of_tokens(Model& m, int l) { return m.ulysses ? ulysses_token_qkv(m) : m.layers[l].qkv; }
-static bf16* dqkv_of_tokens(Model& m) { return m.ulysses ? ulysses_token_dqkv(m) : m.dqkv; }
-
-// xn1 = rmsnorm(x_in); qkv = xn1 Wqkv^T; (Qwen3: q and k normalized per head); RoPE on q and k
-// (positions of this GPU's tokens).
-static void qkv_forward(Model& m, int l, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    const int64_t QKV = c.qkv_dim();
-    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
-        bf16* qkv = qkv_of_tokens(m, l) + t0 * QKV;
-        attention_norm_forward(m, l, t0, t1, s);
-        linear_forward(qkv, m.layers[l].xn1, m.w(P_WQKV, l), nullptr, t1 - t0, c.dim, QKV, s);
-        qk_norm_forward(m, l, qkv, QKV, c.n_heads, qkv + c.q_dim(), QKV, c.n_kv_heads, t1 - t0, s);
-        rope_apply(qkv, t1 - t0, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim,
-                   QKV, m.inv_freq, false, s, m.doc_positions);
-    });
-}
-
-// Qwen3: d q|k of n tokens (rows ld apart) back through the per-head norms, in place; nothing for
-// Llama. The values before the norms are not kept: they are projected again from the normalized input xn.
-static void qk_norm_backward(Model& m, int l, bf16* dqk, int64_t ld, const bf16* xn, int64_t n, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    if (!c.qk_norm()) return;
-    const int64_t QK = c.q_dim() + c.kv_dim();  // Wqkv's first rows: q, then k
-    linear_forward(m.qk_raw, xn, m.w(P_WQKV, l), nullptr, n, c.dim, QK, s);
-    head_norm_backward(m, P_Q_NORM, l, dqk, ld, m.qk_raw, QK, c.n_heads, n, s);
-    head_norm_backward(m, P_K_NORM, l, dqk + c.q_dim(), ld, m.qk_raw + c.q_dim(), QK, c.n_kv_heads, n, s);
-}
-
-// Backward of qkv_forward for tokens [t0, t1): d qkv (RoPE undone) -> dWqkv, and d x_in added to dres.
-static void qkv_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    const int64_t n = t1 - t0, QKV = c.qkv_dim();
-    bf16* dqkv = dqkv_of_tokens(m) + t0 * QKV;
-    rope_apply(dqkv, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
-               m.inv_freq, true, s, m.doc_positions);
-    recompute_attention_norm(m, l, t0, t1, s);  // offload.cu (checkpointing): xn1, if it was not kept
-    qk_norm_backward(m, l, dqkv, QKV, a.xn1, n, s);  // Qwen3: through the per-head norms
-    linear_backward_input(m.dxn, dqkv, m.w(P_WQKV, l), n, c.dim, QKV, s);
-    linear_backward_weight(m.g(P_WQKV, l), dqkv, a.xn1, n, c.dim, QKV, s);
-    rmsnorm_backward(m.dres + t0 * c.dim, m.g(P_ATTN_NORM, l), m.dxn, a.x_in + t0 * c.dim, m.w(P_ATTN_NORM, l),
-                     a.rstd1, n, c.dim, true, m.norm_partial, s);
-}
-
-// att, lse of layer l from x_in.
-void attention_block_forward(Model& m, int l, cudaStream_t s) {
-    if (m.untied) return untied_attention_forward(m, l, s);  // head chunk by head chunk
-    qkv_forward(m, l, s);
-    if (m.ulysses) return ulysses_attention_forward(m, l, s);  // all-to-alls around it
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    const int64_t QKV = c.qkv_dim();
-    const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + c.q_dim(), .v = a.qkv + c.q_dim() + c.kv_dim(),
-                                  .ldq = QKV, .ldk = QKV, .ldv = QKV, .out = a.att, .ldo = c.q_dim(), .lse = a.lse,
-                                  .docs = m.docs};
-    layer_attention_forward(m, l, fa, attention_call_shape(m), s);
-}
-
-// q|k|v again as attention's backward reads them, where the output and lse were kept (Untied's
-// backward projects them per head chunk itself).
-void attention_inputs_forward(Model& m, int l, cudaStream_t s) {
-    if (m.untied) return;
-    qkv_forward(m, l, s);
-    if (m.ulysses) ulysses_qkv_to_heads(m, l, s);  // attention's backward reads them head-sharded
-}
-
-// d att of tokens [t0, t1) = d x_mid Wo (Untied Ulysses takes it a head chunk at a time instead).
-void attention_dout(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    if (m.untied) return;
-    const int64_t QD = m.cfg.q_dim(), D = m.cfg.dim;
-    linear_backward_input(m.datt + t0 * QD, m.dres + t0 * D, m.w(P_WO, l), t1 - t0, QD, D, s);
-}
-
-// Attention's backward over the whole sequence (d q|k|v from d att), then the projection's:
-// dres += d loss / d x_in through attention.
-void attention_block_backward(Model& m, int l, cudaStream_t s) {
-    if (m.untied) return untied_attention_backward(m, l, s);  // head chunk by head chunk
-    if (m.ulysses) ulysses_attention_backward(m, l, s);       // all-to-alls around it
-    else {
-        const LlamaConfig& c = m.cfg;
-        LayerActivations& a = m.layers[l];
-        const int64_t QKV = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
-        const AttentionBackwardArgs ba{.q = a.qkv, .k = a.qkv + Q, .v = a.qkv + Q + K, .out = a.att, .dout = m.datt,
-                                       .ldq = QKV, .ldk = QKV, .ldv = QKV, .ldo = Q, .lddo = Q, .lse = a.lse,
-                                       .dq = m.dqkv, .dk = m.dqkv + Q, .dv = m.dqkv + Q + K, .lddq = QKV,
-                                       .lddk = QKV, .lddv = QKV, .delta = m.delta, .dq_accum = m.dq_accum,
-                                       .docs = m.docs};
-        layer_attention_backward(m, l, ba, attention_call_shape(m), s);
+// The token embedding, forward and backward, one unit of vocabulary rows at a time: the whole
+// table is one unit, unless stage 7 cuts it into pieces (--vocab-pieces, beyond/savings.cu).
+static void embedding_lookup(Model& m, cudaStream_t s) {
+    const ParamLayout& lay = m.layout;
+    for (int p = 0; p < lay.vocab_pieces(); p++) {
+        unit_begin(m, lay.embed_unit(p), WEIGHTS, s);
+        embedding_forward(m.layers[0].x_in, m.tokens, m.w_piece(P_EMBED, p), lay.piece_row[p],
+                          lay.piece_rows(p), m.shape.tokens(), m.cfg.dim, s);
+        unit_end(m, lay.embed_unit(p), WEIGHTS, s);
     }
-    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { qkv_backward(m, l, t0, t1, s); });
 }
 
-// One attention call of layer l, marked on --timeline.
-void layer_attention_forward(Model& m, int l, const AttentionForwardArgs& a, const AttentionShape& sh,
-                                    cudaStream_t s) {
-    TimelineMark mark(m, s, "compute", "attention forward", l);
-    attention_forward(a, sh, s);
-}
-
-void layer_attention_backward(Model& m, int l, const AttentionBackwardArgs& a, const AttentionShape& sh,
-                                     cudaStream_t s) {
-    TimelineMark mark(m, s, "compute", "attention backward", l);
-    attention_backward(a, sh, s);
+static void embedding_lookup_backward(Model& m, cudaStream_t s) {  // d loss / d x_in of layer 0 in m.dres
+    const ParamLayout& lay = m.layout;
+    const std::vector<int32_t>& group_token = m.emb_groups.token;  // ascending: a piece's groups are a range
+    for (int p = 0; p < lay.vocab_pieces(); p++) {
+        const int64_t g0 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p]) - group_token.begin();
+        const int64_t g1 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p + 1]) - group_token.begin();
+        unit_begin(m, lay.embed_unit(p), GRADIENTS, s);
+        embedding_backward(m.g_piece(P_EMBED, p), lay.piece_row[p], m.dres, m.emb_group_token + g0,
+                           m.emb_group_begin + g0, m.emb_positions, g1 - g0, m.cfg.dim, s);
+        unit_end(m, lay.embed_unit(p), GRADIENTS, s);
+    }
 }
 
 // =============================================================================================
-// One layer's forward: x_in -> x_out, keeping what the backward reads. Attention is one sub-layer
-// (ulysses.cu: plain, Ulysses or Untied), which checkpointing reruns; the rest of the block walks
-// the token chunks.
-static void layer_forward(Model& m, int l, cudaStream_t s) {
-    attention_block_forward(m, l, s);     // att, lse = attention(rope(norm(x_in) Wqkv^T))
-    run_hooks(m, AFTER_ATTENTION, l, s);  // offload.cu: the output's slot is free; selective: att to the host
-    TimelineMark mark(m, s, "compute", "mlp forward", l);
-    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { block_output_forward(m, l, t0, t1, s); });
-}
+// One layer's forward: x_in -> x_out, keeping what the backward reads. First the attention
+// sub-layer, over the whole sequence; then the rest of the block, token chunk by token chunk.
+// Ulysses (stage 2) and Untied Ulysses (stage 6) replace parts of the attention sub-layer
+// (ulysses.cu); activation checkpointing (stage 3, offload.cu) runs these functions again in the
+// backward.
 
-// Tokens [t0, t1) of the block after attention: x_mid = x_in + att Wo^T, xn2 = norm(x_mid),
-// act = silu(xn2 W1^T) * (xn2 W3^T), x_out = x_mid + act W2^T.
-void block_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    const LlamaConfig& c = m.cfg;
-    LayerActivations& a = m.layers[l];
-    attention_output_forward(m, l, t0, t1, s);
-    mlp_input_forward(m, l, t0, t1, s);
-    linear_forward(at(a.x_out, t0, c.dim), a.act, m.w(P_W2, l), a.x_mid_rows(t0), t1 - t0, c.ffn_dim, c.dim, s);
-}
-
+// xn1 = rmsnorm(x_in) of tokens [t0, t1).
 void attention_norm_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
@@ -241,13 +102,69 @@ void qk_norm_forward(Model& m, int l, bf16* q, int64_t ldq, int q_heads, bf16* k
     if (k) head_rmsnorm_forward(k, ldk, m.w(P_K_NORM, l), n, kv_heads, c.head_dim, c.norm_eps, s);
 }
 
-void head_norm_backward(Model& m, ParamKind which, int l, bf16* dx, int64_t ld, const bf16* raw, int64_t ld_raw,
-                        int heads, int64_t n, cudaStream_t s) {
-    head_rmsnorm_backward(dx, ld, raw, ld_raw, m.w(which, l), m.g(which, l), n, heads, m.cfg.head_dim, m.cfg.norm_eps,
-                          m.norm_partial, s);
+// Attention's inputs, q|k|v of layer l as the attention call reads them, token chunk by token
+// chunk: xn1 = rmsnorm(x_in); q|k|v = xn1 Wqkv^T; (Qwen3) q and k normalized per head; RoPE on q
+// and k (the positions of this GPU's tokens, or with packed documents their places in them).
+void attention_inputs_forward(Model& m, int l, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t QKV = c.qkv_dim();
+    bf16* qkv = m.ulysses ? ulysses_token_qkv(m) : a.qkv;  // ulysses.cu: this GPU's tokens go to its staging
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
+        bf16* x = qkv + t0 * QKV;
+        attention_norm_forward(m, l, t0, t1, s);
+        linear_forward(x, a.xn1, m.w(P_WQKV, l), nullptr, t1 - t0, c.dim, QKV, s);
+        qk_norm_forward(m, l, x, QKV, c.n_heads, x + c.q_dim(), QKV, c.n_kv_heads, t1 - t0, s);
+        rope_apply(x, t1 - t0, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
+                   m.inv_freq, false, s, m.doc_positions);
+    });
+    if (m.ulysses) ulysses_qkv_to_heads(m, l, s);  // ulysses.cu: all-to-all, this GPU's tokens -> its heads
 }
 
-// x_mid = x_in + att Wo^T (one GEMM with the residual as C).
+// The attention sub-layer's forward: att, lse of layer l from x_in. Untied Ulysses replaces all of
+// it (its head chunks project their own q|k|v); Ulysses the attention call, on this GPU's share
+// of the heads over the whole sequence.
+void attention_block_forward(Model& m, int l, cudaStream_t s) {
+    if (m.untied) return untied_attention_forward(m, l, s);    // ulysses.cu, stage 6: head chunk by head chunk
+    attention_inputs_forward(m, l, s);
+    if (m.ulysses) return ulysses_attention_forward(m, l, s);  // ulysses.cu, stage 2: output back to tokens
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t QKV = c.qkv_dim();
+    const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + c.q_dim(), .v = a.qkv + c.q_dim() + c.kv_dim(),
+                                  .ldq = QKV, .ldk = QKV, .ldv = QKV, .out = a.att, .ldo = c.q_dim(), .lse = a.lse,
+                                  .docs = m.docs};
+    layer_attention_forward(m, l, fa, attention_call_shape(m), s);  // att, lse = flash attention(q, k, v)
+}
+
+// The shape of one attention call: every sequence of this GPU with the heads its attention
+// takes: all of them, or under Ulysses this GPU's share over the whole sequence (Untied Ulysses
+// takes one head chunk at a time: untied_attention_shape).
+AttentionShape attention_call_shape(const Model& m) {
+    const AttentionHeads h = attention_heads(m.cfg, m.shape.sp);
+    return {m.shape.batch, m.shape.seq, h.q, h.kv, m.cfg.head_dim};
+}
+
+// Each of the sp GPUs that share a sequence takes Hq / sp query heads and the KV heads they read:
+// Hkv / sp, or one KV head that several GPUs share (ulysses.cu).
+AttentionHeads attention_heads(const LlamaConfig& c, int sp) {
+    return {c.n_heads / sp, std::max(1, c.n_kv_heads / sp)};
+}
+
+// One attention call of layer l, marked on --timeline.
+void layer_attention_forward(Model& m, int l, const AttentionForwardArgs& a, const AttentionShape& sh,
+                             cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "attention forward", l);
+    attention_forward(a, sh, s);
+}
+
+void layer_attention_backward(Model& m, int l, const AttentionBackwardArgs& a, const AttentionShape& sh,
+                              cudaStream_t s) {
+    TimelineMark mark(m, s, "compute", "attention backward", l);
+    attention_backward(a, sh, s);
+}
+
+// x_mid = x_in + att Wo^T of tokens [t0, t1) (one GEMM with the residual as C).
 void attention_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
@@ -265,18 +182,28 @@ void mlp_input_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) 
     swiglu_forward(a.act, a.h13, n, c.ffn_dim, s);
 }
 
+// Tokens [t0, t1) of the block after attention: x_mid = x_in + att Wo^T, xn2 = norm(x_mid),
+// act = silu(xn2 W1^T) * (xn2 W3^T), x_out = x_mid + act W2^T.
+void block_output_forward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    attention_output_forward(m, l, t0, t1, s);
+    mlp_input_forward(m, l, t0, t1, s);
+    linear_forward(at(a.x_out, t0, c.dim), a.act, m.w(P_W2, l), a.x_mid_rows(t0), t1 - t0, c.ffn_dim, c.dim, s);
+}
+
+static void layer_forward(Model& m, int l, cudaStream_t s) {
+    attention_block_forward(m, l, s);                              // att, lse = attention(rope(norm(x_in) Wqkv^T))
+    if (m.opt.offload) offload_before_layer_output(m, l, s);      // offload.cu: x_out's slot has sent its input out
+    if (attention_on_host(m)) selective_after_attention(m, l, s);  // beyond/selective.cu: att, lse to the host
+    TimelineMark mark(m, s, "compute", "wo and mlp forward", l);
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { block_output_forward(m, l, t0, t1, s); });
+}
+
 // =============================================================================================
 // One layer's backward. On entry m.dres holds d loss / d x_out of layer l; on exit d loss / d x_in.
-static void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
-
-static void layer_backward(Model& m, int l, cudaStream_t s) {
-    recompute_attention(m, l, s);  // offload.cu: what the plan did not keep of the attention sub-layer
-    {
-        TimelineMark mark(m, s, "compute", "mlp backward", l);  // dres: d x_out -> d x_mid; d att
-        for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { mlp_backward(m, l, t0, t1, s); });
-    }
-    attention_block_backward(m, l, s);  // dres += d loss / d x_in through attention
-}
+// What the plan did not keep is made again from x_in first: the attention sub-layer (offload.cu,
+// activation checkpointing), and each chunk's inputs before that chunk's backward.
 
 // The MLP half, chunk by chunk. On entry dres[t0:t1] is d loss / d x_out; on exit d loss / d x_mid,
 // and d att of the chunk is taken.
@@ -284,7 +211,8 @@ static void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s
     const LlamaConfig& c = m.cfg;
     LayerActivations& a = m.layers[l];
     const int64_t n = t1 - t0, D = c.dim, F = c.ffn_dim, QD = c.q_dim();
-    recompute_mlp_inputs(m, l, t0, t1, s);  // offload.cu (checkpointing): x_mid, xn2, h13, act, if not kept
+    if (m.plan.x_mid == Hold::RECOMPUTED) attention_output_forward(m, l, t0, t1, s);  // x_mid again (--ckpt)
+    if (m.plan.norms_mlp == Hold::RECOMPUTED) mlp_input_forward(m, l, t0, t1, s);    // xn2, h13, act (--ckpt, --chunked)
     bf16* dres = at(m.dres, t0, D);
     // x_out = x_mid + act W2^T
     linear_backward_input(m.dact, dres, m.w(P_W2, l), n, F, D, s);
@@ -294,9 +222,68 @@ static void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s
     linear_backward_weight(m.g(P_W13, l), m.dh13, a.xn2, n, D, 2 * F, s);
     rmsnorm_backward(dres, m.g(P_MLP_NORM, l), m.dxn, a.x_mid_rows(t0), m.w(P_MLP_NORM, l), a.rstd2, n, D, true,
                      m.norm_partial, s);
-    // x_mid = x_in + att Wo^T
-    attention_dout(m, l, t0, t1, s);  // ulysses.cu: d att = d x_mid Wo
+    // x_mid = x_in + att Wo^T: d att = d x_mid Wo (Untied Ulysses takes it a head chunk at a time)
+    if (m.plan.datt_buffer) linear_backward_input(at(m.datt, t0, QD), dres, m.w(P_WO, l), n, QD, D, s);
     linear_backward_weight(m.g(P_WO, l), dres, at(a.att, t0, QD), n, QD, D, s);
+}
+
+// Qwen3: d q|k of n tokens (rows ld apart) back through the per-head norms, in place; nothing for
+// Llama. The values before the norms are not kept: they are projected again from the normalized input xn.
+static void qk_norm_backward(Model& m, int l, bf16* dqk, int64_t ld, const bf16* xn, int64_t n, cudaStream_t s) {
+    const LlamaConfig& c = m.cfg;
+    if (!c.qk_norm()) return;
+    const int64_t QK = c.q_dim() + c.kv_dim();  // Wqkv's first rows: q, then k
+    linear_forward(m.qk_raw, xn, m.w(P_WQKV, l), nullptr, n, c.dim, QK, s);
+    head_norm_backward(m, P_Q_NORM, l, dqk, ld, m.qk_raw, QK, c.n_heads, n, s);
+    head_norm_backward(m, P_K_NORM, l, dqk + c.q_dim(), ld, m.qk_raw + c.q_dim(), QK, c.n_kv_heads, n, s);
+}
+
+void head_norm_backward(Model& m, ParamKind which, int l, bf16* dx, int64_t ld, const bf16* raw, int64_t ld_raw,
+                        int heads, int64_t n, cudaStream_t s) {
+    head_rmsnorm_backward(dx, ld, raw, ld_raw, m.w(which, l), m.g(which, l), n, heads, m.cfg.head_dim, m.cfg.norm_eps,
+                          m.norm_partial, s);
+}
+
+// The attention sub-layer's backward: d q|k|v from d att through the attention call, then token
+// chunk by token chunk back through RoPE, the projection and the norm: dres += d loss / d x_in.
+void attention_block_backward(Model& m, int l, cudaStream_t s) {
+    if (m.untied) return untied_attention_backward(m, l, s);  // ulysses.cu, stage 6: head chunk by head chunk
+    const LlamaConfig& c = m.cfg;
+    LayerActivations& a = m.layers[l];
+    const int64_t QKV = c.qkv_dim(), Q = c.q_dim(), K = c.kv_dim();
+    bf16* dqkv = m.dqkv;
+    if (m.ulysses) {
+        ulysses_attention_backward(m, l, s);  // ulysses.cu, stage 2: d att to heads, d q|k|v back to tokens
+        dqkv = ulysses_token_dqkv(m);
+    } else {
+        const AttentionBackwardArgs ba{.q = a.qkv, .k = a.qkv + Q, .v = a.qkv + Q + K, .out = a.att, .dout = m.datt,
+                                       .ldq = QKV, .ldk = QKV, .ldv = QKV, .ldo = Q, .lddo = Q, .lse = a.lse,
+                                       .dq = m.dqkv, .dk = m.dqkv + Q, .dv = m.dqkv + Q + K, .lddq = QKV,
+                                       .lddk = QKV, .lddv = QKV, .delta = m.delta, .dq_accum = m.dq_accum,
+                                       .docs = m.docs};
+        layer_attention_backward(m, l, ba, attention_call_shape(m), s);
+    }
+    for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
+        const int64_t n = t1 - t0;
+        bf16* dx = dqkv + t0 * QKV;
+        rope_apply(dx, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
+                   m.inv_freq, true, s, m.doc_positions);  // RoPE undone
+        if (m.plan.norms_mlp == Hold::RECOMPUTED) attention_norm_forward(m, l, t0, t1, s);  // xn1 again
+        qk_norm_backward(m, l, dx, QKV, a.xn1, n, s);
+        linear_backward_input(m.dxn, dx, m.w(P_WQKV, l), n, c.dim, QKV, s);
+        linear_backward_weight(m.g(P_WQKV, l), dx, a.xn1, n, c.dim, QKV, s);
+        rmsnorm_backward(m.dres + t0 * c.dim, m.g(P_ATTN_NORM, l), m.dxn, a.x_in + t0 * c.dim, m.w(P_ATTN_NORM, l),
+                         a.rstd1, n, c.dim, true, m.norm_partial, s);
+    });
+}
+
+static void layer_backward(Model& m, int l, cudaStream_t s) {
+    if (m.opt.ckpt) recompute_attention(m, l, s);  // offload.cu: the attention sub-layer again, where not kept
+    {
+        TimelineMark mark(m, s, "compute", "wo and mlp backward", l);  // dres: d x_out -> d x_mid; d att
+        for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { mlp_backward(m, l, t0, t1, s); });
+    }
+    attention_block_backward(m, l, s);  // dres += d loss / d x_in through attention
 }
 
 // =============================================================================================
@@ -339,42 +326,17 @@ static void lm_head_whole(Model& m, bool backward, cudaStream_t s) {
     });
     unit_end(m, u, use, s, !c.tied_embeddings);  // tied: the lookup adds the rest at the end
 }
-static void lm_head_whole_units(const Model& m, std::vector<int>& order) { order.push_back(m.layout.head_unit(0)); }
 
 // Final RMSNorm, LM head, cross-entropy and (backward) their backward: dres = d loss / d x_final;
-// the loss sum of this GPU's tokens in scalars[0]. The LM head is the plan's (m.hooks.lm_head).
+// the loss sum of this GPU's tokens in scalars[0].
 static void head(Model& m, bool backward, cudaStream_t s) {
     const int u = m.layout.final_norm_unit();  // held through the head
     const int use = backward ? WEIGHTS_AND_GRADIENTS : WEIGHTS;
     unit_begin(m, u, use, s);
-    m.hooks.lm_head(m, backward, s);
+    if (m.layout.vocab_pieces() > 1) lm_head_in_pieces(m, backward, s);  // beyond/savings.cu, stage 7
+    else lm_head_whole(m, backward, s);
     unit_end(m, u, use, s);
     if (backward) sum_floats(m.scalars + 0, m.losses, m.shape.tokens(), m.reduce_scratch, s);
-}
-
-// The token embedding, forward and backward, one unit of vocabulary rows at a time: one, the
-// whole table, unless --vocab-pieces cuts it.
-static void embedding_lookup(Model& m, cudaStream_t s) {
-    const ParamLayout& lay = m.layout;
-    for (int p = 0; p < lay.vocab_pieces(); p++) {
-        unit_begin(m, lay.embed_unit(p), WEIGHTS, s);
-        embedding_forward(m.layers[0].x_in, m.tokens, m.w_piece(P_EMBED, p), lay.piece_row[p],
-                          lay.piece_rows(p), m.shape.tokens(), m.cfg.dim, s);
-        unit_end(m, lay.embed_unit(p), WEIGHTS, s);
-    }
-}
-
-static void embedding_lookup_backward(Model& m, cudaStream_t s) {  // d loss / d x_in of layer 0 in m.dres
-    const ParamLayout& lay = m.layout;
-    const std::vector<int32_t>& group_token = m.emb_groups.token;  // ascending: a piece's groups are a range
-    for (int p = 0; p < lay.vocab_pieces(); p++) {
-        const int64_t g0 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p]) - group_token.begin();
-        const int64_t g1 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p + 1]) - group_token.begin();
-        unit_begin(m, lay.embed_unit(p), GRADIENTS, s);
-        embedding_backward(m.g_piece(P_EMBED, p), lay.piece_row[p], m.dres, m.emb_group_token + g0,
-                           m.emb_group_begin + g0, m.emb_positions, g1 - g0, m.cfg.dim, s);
-        unit_end(m, lay.embed_unit(p), GRADIENTS, s);
-    }
 }
 
 // =============================================================================================
@@ -382,29 +344,36 @@ static void embedding_lookup_backward(Model& m, cudaStream_t s) {  // d loss / d
 // head are a phase of the step (infra/timeline.cu): a --timeline mark, and an event for the
 // watchdog of model_sync, the times of --mem-trace and the run's progress line.
 static void forward_turn(Model& m, int l, cudaStream_t s) {
+    if (m.opt.offload) offload_save_block_input(m, l, s);  // offload.cu: x_in, complete now, to the host
     StepPhase phase(m, s, "forward", l);
     const int u = m.layout.layer_unit(l);
     unit_begin(m, u, WEIGHTS, s);
-    run_hooks(m, LAYER_FORWARD_BEGIN, l, s);  // selective: the attention output's staging slot is free
+    if (attention_on_host(m)) selective_before_attention(m, l, s);  // beyond/selective.cu: att's slot is free
     layer_forward(m, l, s);
     unit_end(m, u, WEIGHTS, s);
-    run_hooks(m, BLOCK_INPUT_READY, l + 1, s);  // offload.cu: x_out is layer l+1's input, to the host
 }
 
 static void backward_turn(Model& m, int l, cudaStream_t s) {
     StepPhase phase(m, s, "backward", l);
     const int u = m.layout.layer_unit(l);
     unit_begin(m, u, WEIGHTS_AND_GRADIENTS, s);
-    run_hooks(m, LAYER_BACKWARD_BEGIN, l, s);  // offload.cu: the block input back in its slot
+    if (attention_on_host(m)) selective_before_layer_backward(m, l, s);  // beyond/selective.cu: att back; x_in rebuilt
+    if (m.opt.offload) offload_before_layer_backward(m, l, s);          // offload.cu: x_in back; l-1's on its way
     layer_backward(m, l, s);
     unit_end(m, u, WEIGHTS_AND_GRADIENTS, s);
 }
 
+// What each step starts from: the gradients zeroed, the units' order, and the techniques' own.
+static void step_begin(Model& m, cudaStream_t s) {
+    CUDA_CHECK(cudaMemsetAsync(m.grad, 0, m.local_params * sizeof(float), s));
+    units_step_begin(m, s);
+    if (m.opt.offload) offload_step_begin(m, s);  // offload.cu: the last step's copies are done
+}
+
 // The embedding, every layer's forward, the head (with its backward unless m.forward_only).
 static void forward(Model& m, cudaStream_t s) {
-    run_hooks(m, STEP_BEGIN, -1, s);  // fsdp.cu zeroes the gradients
+    step_begin(m, s);
     embedding_lookup(m, s);
-    run_hooks(m, BLOCK_INPUT_READY, 0, s);
     for (int l = 0; l < m.cfg.n_layers; l++) forward_turn(m, l, s);
     StepPhase phase(m, s, "head", -1);
     head(m, !m.forward_only, s);  // dres = d loss / d x_final
@@ -415,7 +384,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     forward(m, s);
     for (int l = m.cfg.n_layers - 1; l >= 0; l--) backward_turn(m, l, s);
     embedding_lookup_backward(m, s);  // the lookup needs no weights
-    run_hooks(m, STEP_END, -1, s);
+    units_step_end(m, s);
     watch_step_end(m);
     // scalars[0] holds this GPU's sum of raw per-token losses (only their gradient was scaled by
     // 1 / the step's count of valid targets). Summed over the GPUs it is the step's total loss,
@@ -423,22 +392,22 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
     if (m.world > 1) m.comm->all_reduce(m.scalars + 0, 1, DType::F32, s);
 }
 
-// The forward alone, for evaluation: the step's forward (every technique's forward hooks, the
+// The forward alone, for evaluation: the step's forward (every technique's forward calls, the
 // same kernels on the same inputs, so the same per-token losses in m.losses as a step's), then
 // the head's loss without its backward. Gradients are zeroed, not computed: call it between
 // steps, never between a step's backward and its optimizer step. Its progress events (the
 // watchdog's, as a step's) are its own: the last step's stay as they are, for --mem-trace.
 void model_forward_loss(Model& m, cudaStream_t s) {
-    m.forward_only = true;  // FSDP's order of units: the forward's (model_unit_order)
+    m.forward_only = true;  // the order of units: the forward's (model_unit_order)
     watch_step_begin(m, s, nullptr, nullptr);
     forward(m, s);
-    run_hooks(m, STEP_END, -1, s);
+    units_step_end(m, s);
     watch_step_end(m);
     m.forward_only = false;
 }
 
-// The units in the order the step acquires them (FSDP gathers each ahead of its turn); a
-// forward alone (model_forward_loss) stops after the head's loss.
+// The units in the order the step uses their weights (each is made ahead of its turn); a forward
+// alone (model_forward_loss) stops after the head's loss.
 std::vector<int> model_unit_order(const Model& m) {
     const ParamLayout& lay = m.layout;
     const int L = m.cfg.n_layers;
@@ -446,7 +415,8 @@ std::vector<int> model_unit_order(const Model& m) {
     for (int p = 0; p < lay.vocab_pieces(); p++) order.push_back(lay.embed_unit(p));  // the lookup
     for (int l = 0; l < L; l++) order.push_back(lay.layer_unit(l));
     order.push_back(lay.final_norm_unit());  // held through the head
-    m.hooks.lm_head_units(m, order);         // the LM head's units, once or twice
+    if (lay.vocab_pieces() > 1) lm_head_pieces_order(m, order);  // beyond/savings.cu: every piece, twice
+    else order.push_back(lay.head_unit(0));
     if (m.forward_only) return order;
     for (int l = L - 1; l >= 0; l--) order.push_back(lay.layer_unit(l));  // the backward's layers
     return order;
@@ -461,6 +431,121 @@ void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaS
     for (const ParamSegment& seg : m.segments)
         adamw_update(m.master + seg.local, m.grad + seg.local, m.adam_m + seg.local,
                      m.adam_v + seg.local, seg.count, opt, seg.tensor->decay, m.scalars + 2, s);
+}
+
+// =============================================================================================
+// The weights in use. The model is its fp32 master weights (and their gradients and AdamW
+// moments, 16 bytes per parameter); the GEMMs read bf16. A unit's bf16 weights are made just
+// before the unit is used, into one of two slots (the unit in use and the next), on the
+// communication stream while compute runs, in the order model_unit_order lists: this GPU's master
+// of the unit converted, then under --fsdp, where it holds one shard of each unit, the slot
+// all-gathered (fsdp.cu). A slot is refilled only after the compute stream has released it.
+// Gradients accumulate in fp32 straight into the gradient array (--fsdp: into a unit buffer,
+// reduce-scattered at the unit's end). Where several GPUs each train on their own sequences (data
+// parallel), a unit's gradient is summed over them (all-reduce) once it is final, while the
+// backward goes on.
+struct UnitSlots {
+    bf16* weights[2] = {};  // the bf16 weights of the unit in use and of the next
+    struct Slot {
+        int unit = -1;
+        bool free = true, used = false;
+        cudaEvent_t filled = nullptr, released = nullptr;
+    } slot[2];
+    std::vector<int> order;  // the step's units in the order it uses their weights
+    size_t next_fill = 0;
+    cudaEvent_t mark = nullptr;
+};
+
+// The communication stream continues once the compute stream has reached this point.
+static void comm_after_compute(Model& m, cudaStream_t s) {
+    CUDA_CHECK(cudaEventRecord(m.slots->mark, s));
+    CUDA_CHECK(cudaStreamWaitEvent(m.comm_stream, m.slots->mark, 0));
+}
+
+void units_step_begin(Model& m, cudaStream_t s) {
+    UnitSlots& w = *m.slots;
+    w.order = model_unit_order(m);
+    w.next_fill = 0;
+    for (auto& k : w.slot) k.free = true, k.unit = -1;
+    comm_after_compute(m, s);  // the optimizer has written the master weights about to be converted
+}
+
+// Fill slot k with unit u's bf16 weights, on the communication stream: this GPU's fp32 master of
+// the unit (under --fsdp its shard, in the shard's place of the slot) converted, then gathered.
+static void fill_slot(Model& m, int k, int u) {
+    const UnitShard& sh = m.shards[u];
+    bf16* slot = m.slots->weights[k];
+    convert_f32_to_bf16(slot + sh.first, m.master + sh.local, sh.count, m.comm_stream);
+    if (m.opt.fsdp) fsdp_gather(m, slot, u);  // fsdp.cu: every GPU's shard into its place of the slot
+}
+
+// Start filling the next units of the order into free slots.
+static void fill_ahead(Model& m) {
+    UnitSlots& w = *m.slots;
+    for (int k = 0; k < 2 && w.next_fill < w.order.size(); k++) {
+        UnitSlots::Slot& slot = w.slot[k];
+        if (!slot.free) continue;
+        const int u = w.order[w.next_fill++];
+        if (slot.used) CUDA_CHECK(cudaStreamWaitEvent(m.comm_stream, slot.released, 0));
+        slot.unit = u, slot.free = false, slot.used = true;
+        fill_slot(m, k, u);
+        CUDA_CHECK(cudaEventRecord(slot.filled, m.comm_stream));
+    }
+}
+
+static int slot_holding(const UnitSlots& w, int u) {
+    for (int k = 0; k < 2; k++)
+        if (!w.slot[k].free && w.slot[k].unit == u) return k;
+    throw std::logic_error("unit " + std::to_string(u) + " used out of the planned order");
+}
+
+// Unit u's gradient summed over the GPUs that each hold all of it, once final (`last`); under
+// --fsdp reduce-scattered, each GPU keeping the sum of its shard.
+static void reduce_gradient(Model& m, int u, bool last, cudaStream_t s) {
+    if (m.opt.fsdp) return fsdp_reduce_scatter(m, u, s);  // fsdp.cu
+    if (m.world == 1 || !last) return;
+    comm_after_compute(m, s);
+    // A ring all-reduce sends 2 (N - 1) / N of the buffer from each GPU.
+    TimelineMark mark(m, m.comm_stream, "fsdp", "all-reduce", u, 2 * (m.world - 1) * m.layout.unit_size(u) * 4 / m.world);
+    m.comm_params->all_reduce(m.grad + m.layout.unit_begin[u], m.layout.unit_size(u), DType::F32, m.comm_stream);
+}
+
+void unit_begin(Model& m, int u, int use, cudaStream_t s) {
+    if (use & WEIGHTS) {  // wait for its slot; start filling the next units into free ones
+        fill_ahead(m);
+        const int k = slot_holding(*m.slots, u);
+        CUDA_CHECK(cudaStreamWaitEvent(s, m.slots->slot[k].filled, 0));
+        m.unit_w[u] = m.slots->weights[k];
+    }
+    if ((use & GRADIENTS) && m.opt.fsdp) fsdp_grad_begin(m, u, s);  // fsdp.cu: the unit's gradient buffer
+}
+
+void unit_end(Model& m, int u, int use, cudaStream_t s, bool last) {
+    if (use & GRADIENTS) reduce_gradient(m, u, last, s);
+    if (use & WEIGHTS) {
+        UnitSlots& w = *m.slots;
+        const int k = slot_holding(w, u);
+        CUDA_CHECK(cudaEventRecord(w.slot[k].released, s));
+        w.slot[k].free = true;
+        m.unit_w[u] = nullptr;
+        fill_ahead(m);
+    }
+}
+
+// Every unit of the order used and released; the gradients' traffic done before the optimizer
+// writes what the slots were made from.
+void units_step_end(Model& m, cudaStream_t s) {
+    UnitSlots& w = *m.slots;
+    if (w.next_fill != w.order.size() || !w.slot[0].free || !w.slot[1].free)
+        throw std::logic_error("the step did not use and release every unit of units_step_begin's order");
+    CUDA_CHECK(cudaEventRecord(w.mark, m.comm_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(s, w.mark, 0));
+}
+
+int unit_in_weight_slot(const Model& m, const void* slot) {
+    for (int k = 0; k < 2; k++)
+        if (m.slots->weights[k] == slot && !m.slots->slot[k].free) return m.slots->slot[k].unit;
+    return -1;
 }
 
 double model_step_flops(const LlamaConfig& c, const RunShape& shape, double attention_share) {  // per GPU
@@ -492,7 +577,7 @@ int64_t model_host_bytes(const Model& m) { return offload_host_bytes(m) + select
 //   other:     2 (4 D + 3 F) + 8          (x_in, xn1, x_mid, xn2, h13, act; two rstd)
 //   attention: 2 (qkv_dim + Hq d) + 4 Hq  (qkv, att, lse)
 // plus logits 2 V per token, and 16 bytes per parameter for model states (fp32 master, grad,
-// two AdamW moments; the bf16 weights exist only for the two units in use, fsdp.cu).
+// two AdamW moments; the bf16 weights exist only for the two units in use: UnitSlots, above).
 static ActivationPlan plain_plan(const Model& m) {
     ActivationPlan p;  // every activation kept per layer
     p.chunk_rows = p.loss_rows = m.shape.tokens();  // every layer and the head take all tokens at once
@@ -527,8 +612,91 @@ static T* take_activation(Model& m, Arena& A, const char* name, MemCategory cat,
     return A.take<T>(name, cat, slot_count(h, layers, staging) * per_slot);
 }
 
+// Model states, 16 bytes per parameter: every unit whole, or (--fsdp) this GPU's shard of each
+// (fsdp.cu); and what each of their pieces holds of each tensor (init, AdamW, the files).
+static void declare_model_states(Model& m, Arena& A) {
+    const ParamLayout& lay = m.layout;
+    if (m.opt.fsdp) {
+        m.shards = fsdp_shards(lay, m.world, m.comm ? m.comm->rank : 0);  // fsdp.cu
+    } else {
+        m.shards.clear();
+        for (int u = 0; u < lay.num_units(); u++)
+            m.shards.push_back({.local = lay.unit_begin[u], .count = lay.unit_size(u), .first = 0,
+                                .padded = lay.unit_size(u)});
+    }
+    int64_t P = 0;
+    for (const UnitShard& sh : m.shards) P = std::max(P, sh.local + sh.count);
+    m.local_params = P;
+    m.master = A.take<float>("master weights (fp32)", MEM_MODEL, P);
+    m.grad = A.take<float>("gradients (fp32)", MEM_MODEL, P);
+    m.adam_m = A.take<float>("AdamW first moment", MEM_MODEL, P);
+    m.adam_v = A.take<float>("AdamW second moment", MEM_MODEL, P);
+    m.segments = param_segments(m);
+}
+
+// The bf16 weights of two units (gathered under --fsdp: category comm) and the gradients' views.
+static void declare_weight_slots(Model& m, Arena& A) {
+    if (!m.slots) m.slots = std::make_shared<UnitSlots>();
+    int64_t largest = 0;
+    for (const UnitShard& sh : m.shards) largest = std::max(largest, sh.padded);
+    const MemCategory category = m.opt.fsdp ? MEM_COMM : MEM_MODEL;
+    for (int k = 0; k < 2; k++)
+        m.slots->weights[k] = A.take<bf16>((m.opt.fsdp ? "FSDP gathered unit " : "bf16 weights, unit slot ") +
+                                               std::to_string(k), category, largest);
+    const int U = m.layout.num_units();
+    m.unit_w.assign(U, nullptr);
+    m.unit_g.assign(U, nullptr);
+    if (!m.opt.fsdp && m.grad)  // gradients accumulate in this GPU's whole array (--fsdp: unit buffers)
+        for (int u = 0; u < U; u++) m.unit_g[u] = m.grad + m.layout.unit_begin[u];
+}
+
+static void create_weight_slots(Model& m) {
+    UnitSlots& w = *m.slots;
+    auto event = [](cudaEvent_t* e) { CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming)); };
+    event(&w.mark);  // orders the communication stream after compute
+    int64_t largest = 0;
+    for (const UnitShard& sh : m.shards) largest = std::max(largest, sh.padded);
+    for (int k = 0; k < 2; k++) {
+        event(&w.slot[k].filled), event(&w.slot[k].released);
+        // Zero once: the gaps between tensors are never read, but no byte of a slot is left
+        // uninitialized, whichever elements a gather writes.
+        CUDA_CHECK(cudaMemset(w.weights[k], 0, largest * sizeof(bf16)));
+    }
+}
+
+static void destroy_weight_slots(Model& m) {
+    if (!m.slots) return;
+    UnitSlots& w = *m.slots;
+    for (auto& k : w.slot)
+        if (k.filled) cudaEventDestroy(k.filled), cudaEventDestroy(k.released);
+    if (w.mark) cudaEventDestroy(w.mark);
+    m.slots.reset();
+}
+
+// This GPU's parameters as pieces of tensors: for each tensor, the part of it that each unit's
+// shard holds (every unit whole: the tensor in one piece), in local coordinates.
+std::vector<ParamSegment> param_segments(const Model& m) {
+    std::vector<ParamSegment> out;
+    const ParamLayout& lay = m.layout;
+    for (const ParamTensor& t : lay.tensors) {
+        if (!m.opt.fsdp) {
+            out.push_back({t.offset, t.numel(), &t, 0});
+            continue;
+        }
+        // The embedding and LM head span several units.
+        for (int u = t.unit; u < lay.num_units() && lay.unit_begin[u] < t.offset + t.numel(); u++) {
+            const UnitShard& sh = m.shards[u];
+            const int64_t lo = lay.unit_begin[u] + sh.first;
+            const int64_t hi = std::min(lo + sh.count, lay.unit_begin[u + 1]);  // the shard's padding is no tensor's
+            const int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel());
+            if (a < b) out.push_back({sh.local + (a - lo), b - a, &t, a - t.offset});
+        }
+    }
+    return out;
+}
+
 int64_t layer_lse_floats(const Model& m) {
-    return (int64_t)m.shape.batch * ulysses_heads(m.cfg, m.shape.sp).q * m.shape.seq;
+    return (int64_t)m.shape.batch * attention_heads(m.cfg, m.shape.sp).q * m.shape.seq;
 }
 
 // Every layer's activations, as the plan holds them.
@@ -538,7 +706,7 @@ static void declare_activations(Model& m, Arena& A) {
     const int64_t T = m.shape.tokens(), D = c.dim, F = c.ffn_dim, QD = c.q_dim(), L = c.n_layers;
     const int64_t C = p.chunk_rows, mid_rows = p.x_mid == Hold::PER_LAYER ? T : C;
     // Attention's view: the whole sequence, this GPU's heads (all of them without Ulysses).
-    const UlyssesHeads heads = ulysses_heads(c, m.shape.sp);
+    const AttentionHeads heads = attention_heads(c, m.shape.sp);
     const int64_t S_rows = T * m.shape.sp, WH = heads.width(c.head_dim);
     const int64_t lse_n = layer_lse_floats(m);
     for (int64_t& b : m.saved_per_layer) b = 0;
@@ -604,7 +772,7 @@ static void declare_head_and_gradients(Model& m, Arena& A) {
     m.dq_accum = nullptr;
     if (m.opt.fused_attention && m.plan.dq_sums_buffer)  // 4 bytes per dQ element of one call
         m.dq_accum = A.take<float>("attention dQ sums, fp32 (fused backward)", MEM_ATTENTION,
-                                   attention_dq_accum_floats(attention_call_shape(m)));
+                                   attention_dq_accum_floats(m.untied ? untied_attention_shape(m) : attention_call_shape(m)));
 }
 
 // One chunk's work buffers of the backward, reductions, and the step's inputs.
@@ -638,28 +806,42 @@ static void declare_chunk_work_and_inputs(Model& m, Arena& A) {
 void model_declare_buffers(Model& m, Arena& A) {
     m.layout = param_layout(m.cfg, m.opt.vocab_pieces);  // --vocab-pieces: units of vocabulary rows (beyond/savings.cu)
     m.ulysses.reset(), m.untied.reset();  // their *_plan make them again when they are on
-    // How the step holds its activations and where each technique enters it: the plain model's
-    // plan and step, then each technique's changes and hooks.
+    // How the step holds its activations: the plain model's plan, then each technique's changes.
     m.plan = plain_plan(m);
-    m.hooks = StepHooks();
-    m.hooks.lm_head = lm_head_whole, m.hooks.lm_head_units = lm_head_whole_units;
-    fsdp_plan(m);           // the units' weights and gradients, gathered and reduced around their use
-    ulysses_plan(m);        // --ulysses: d q|k|v arrives in Ulysses's staging
-    checkpointing_plan(m);  // --ckpt: keep block inputs only
-    offload_plan(m);        // --offload: the block inputs live on the host, staged through two slots
-    chunked_plan(m);        // --chunked: layers and the head walk their tokens in chunks
-    untied_plan(m);         // --untied: attention's inputs and gradients per head chunk, its own buffers
-    savings_plan(m);        // stage 7's savings (beyond/savings.cu): one staging slot, Untied's buffers shared
-    selective_plan(m);      // --ckpt=selective: attention outputs kept too, within the host budget
+    if (m.opt.ulysses) ulysses_plan(m);                    // ulysses.cu: d q|k|v arrives in its staging
+    if (m.opt.ckpt) checkpointing_plan(m);                 // offload.cu: keep block inputs only
+    if (m.opt.offload) offload_plan(m);                    // offload.cu: block inputs on the host, two device slots
+    if (m.opt.chunked) chunked_plan(m);                    // chunked.cu: layers and the head walk token chunks
+    if (m.opt.untied > 0) untied_plan(m);                  // ulysses.cu: attention's inputs and gradients per head chunk
+    savings_plan(m);                                       // beyond/savings.cu, stage 7: its flags' buffers elsewhere
+    if (m.opt.selective) selective_plan(m);                // beyond/selective.cu: attention outputs kept too
 
-    fsdp_declare_buffers(m, A);       // model states (--fsdp: this GPU's shards), the two bf16 unit slots
+    declare_model_states(m, A);                   // every unit whole, or (--fsdp) this GPU's shards
+    declare_weight_slots(m, A);                   // the two units' bf16 weights
+    if (m.opt.fsdp) fsdp_declare_buffers(m, A);   // fsdp.cu: the two unit gradient buffers
     declare_activations(m, A);
-    selective_declare_buffers(m, A);  // --ckpt=selective: the device's own slots for attention outputs
+    if (attention_on_host(m)) selective_declare_buffers(m, A);  // beyond/selective.cu: attention outputs' device slots
     declare_head_and_gradients(m, A);
-    untied_declare_buffers(m, A);     // --untied: one head chunk's buffers
-    savings_declare_buffers(m, A);    // stage 7 (beyond/savings.cu): Untied's staging holds the fused dQ sums
-    ulysses_declare_buffers(m, A);    // --ulysses: all-to-all staging and head-sharded buffers
+    if (m.untied) untied_declare_buffers(m, A);   // ulysses.cu: one head chunk's buffers
+    savings_declare_buffers(m, A);                // beyond/savings.cu: Untied's staging holds the fused dQ sums
+    if (m.ulysses) ulysses_declare_buffers(m, A); // ulysses.cu: all-to-all staging and head-sharded buffers
     declare_chunk_work_and_inputs(m, A);
+}
+
+// The techniques' streams, events and pinned host memory, made once for the run after its
+// buffers; freed in the reverse order.
+static void create_techniques(Model& m) {
+    create_weight_slots(m);
+    if (m.opt.fsdp) fsdp_create(m);
+    if (m.opt.offload) offload_create(m);
+    if (attention_on_host(m)) selective_create(m);
+}
+
+static void destroy_techniques(Model& m) {
+    selective_destroy(m);
+    offload_destroy(m);
+    fsdp_destroy(m);
+    destroy_weight_slots(m);
 }
 
 void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string& oom_hint) {
@@ -678,23 +860,23 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     std::vector<double> inv = rope_inv_freq(m.cfg);
     CUDA_CHECK(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
     if (!m.comm) m.comm = comm_single(), m.owns_comm = true;
-    if (!m.comm_fsdp) m.comm_fsdp = m.comm->split();
+    if (!m.comm_params) m.comm_params = m.comm->split();
     if (!m.comm_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
     watch_create(m);
     CUDA_CHECK(cudaMallocHost(&m.host_scalars, 4 * sizeof(float)));
-    for (auto create : m.hooks.create) create(m);  // the techniques' streams, events, pinned host memory
+    create_techniques(m);
 }
 
 void model_free(Model& m, DeviceMemory& dm) {
     timeline_destroy(m);
-    for (auto destroy : m.hooks.destroy) destroy(m);
+    destroy_techniques(m);
     if (m.comm_stream) cudaStreamDestroy(m.comm_stream);
     m.comm_stream = nullptr;
     watch_destroy(m);
     if (m.host_scalars) cudaFreeHost(m.host_scalars);
     m.host_scalars = nullptr;
-    delete m.comm_fsdp;
-    m.comm_fsdp = nullptr;
+    delete m.comm_params;
+    m.comm_params = nullptr;
     if (m.owns_comm) delete m.comm, m.comm = nullptr;
     if (dm.slab) CUDA_CHECK(cudaFree(dm.slab));
     dm.slab = nullptr;

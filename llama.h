@@ -1,6 +1,6 @@
 // llama.h - what llama.cu and the technique files share: the run's shape and flags, how the step
 // holds its activations (the ActivationPlan), the Model, the step's API, the layer's pieces that
-// the techniques call again, and one section per technique file with the hooks it provides.
+// the techniques call again, and one section per technique file with the functions the step calls.
 // Where each flag changes the step is one table, docs/design.md#where-each-flag-changes-the-step.
 //
 // The layers' kernels and the matrix products are declared in kernels/kernels.h, attention in
@@ -130,30 +130,13 @@ struct LayerActivations {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Where the techniques enter the step: fixed places, at which each technique's *_plan adds its
-// hooks (step_hook). A place runs its hooks in the ladder's order (FSDP, Ulysses, checkpointing,
-// offload, chunked, Untied, stage 7, selective), LAYER_BACKWARD_BEGIN in the reverse order.
-enum StepPlace {
-    STEP_BEGIN,            // before the step's first work (l = -1)
-    LAYER_FORWARD_BEGIN,   // layer l's weights are in use; its forward begins
-    AFTER_ATTENTION,       // layer l's attention output is complete; the rest of its block follows
-    BLOCK_INPUT_READY,     // layer l's block input is complete (l = L: the head's input)
-    LAYER_BACKWARD_BEGIN,  // layer l's weights and gradients are in use; its backward begins
-    STEP_END,              // after the step's last work, before the optimizer (l = -1)
-    STEP_PLACES
+// Unit u on this GPU (llama.cu): its model states are elements [local, local + count) of the
+// master weights, gradients and moments, and hold the unit's elements [first, first + count); its
+// bf16 slot holds `padded` elements. Every unit whole without --fsdp; with it, this GPU's shard
+// (fsdp.cu).
+struct UnitShard {
+    int64_t local, count, first, padded;
 };
-typedef void (*StepHook)(Model& m, int l, cudaStream_t s);
-struct StepHooks {
-    std::vector<StepHook> at[STEP_PLACES];
-    // Made once for the run after its buffers (streams, events, pinned host memory); freed in reverse.
-    std::vector<void (*)(Model&)> create, destroy;
-    // The LM head and loss (backward: and their backward), and the units it acquires in order:
-    // one unit in llama.cu, or several pieces of the vocabulary (beyond/savings.cu).
-    void (*lm_head)(Model& m, bool backward, cudaStream_t s) = nullptr;
-    void (*lm_head_units)(const Model& m, std::vector<int>& order) = nullptr;
-};
-void step_hook(Model& m, StepPlace place, StepHook hook);
-void setup_hook(Model& m, void (*create)(Model&), void (*destroy)(Model&));
 
 // This GPU's parameters as pieces of tensors: local offset, count, the tensor, offset inside it.
 struct ParamSegment {
@@ -162,6 +145,7 @@ struct ParamSegment {
     int64_t tensor_offset;
 };
 
+struct UnitSlots;  // llama.cu
 struct Fsdp;       // fsdp.cu
 struct Ulysses;    // ulysses.cu
 struct Untied;     // ulysses.cu
@@ -179,16 +163,19 @@ struct Model {
     // or, under --fsdp, its shard of every unit (fsdp.cu). local_params elements each.
     float *master = nullptr, *grad = nullptr, *adam_m = nullptr, *adam_v = nullptr;
     int64_t local_params = 0;
-    std::vector<ParamSegment> segments;  // what of each tensor they hold (fsdp_segments)
+    std::vector<UnitShard> shards;       // where each unit's model states lie (UnitShard)
+    std::vector<ParamSegment> segments;  // what of each tensor they hold (param_segments)
     // The weights and the gradient accumulation buffer of each unit as compute sees them: the
-    // unit's bf16 slot while it is acquired (fsdp.cu); a view into grad, or (--fsdp) a per-unit
+    // unit's bf16 slot from unit_begin to unit_end; a view into grad, or (--fsdp) a per-unit
     // gradient buffer.
+    std::shared_ptr<UnitSlots> slots;
     std::vector<bf16*> unit_w;
     std::vector<float*> unit_g;
-    // Communication: the world (identity on one GPU); FSDP's collectives run on their own
-    // communicator and stream, Ulysses's on the compute stream.
+    // Communication: the world (identity on one GPU); the units' collectives (FSDP's gathers and
+    // reduce-scatters, data parallel's all-reduces) run on their own communicator and stream,
+    // Ulysses's on the compute stream.
     Comm* comm = nullptr;         // set by the caller, or a single-GPU one made by model_allocate
-    Comm* comm_fsdp = nullptr;    // made by model_allocate (split of comm), freed by model_free
+    Comm* comm_params = nullptr;  // made by model_allocate (split of comm), freed by model_free
     bool owns_comm = false;
     bool pin_host = true;  // --offload's pinned host memory; a run of no steps plans it only
     int device_attention_layers = 0;  // =selective --offload: at most this many layers that the host
@@ -197,7 +184,6 @@ struct Model {
     int world = 1;                // GPUs of the run (simulated ones included)
     uint64_t init_seed = 0;       // the seed the weights were drawn from (model_init_weights)
     double comm_timeout_s = 600;  // a wait that sees no progress for this long ends the run
-    StepHooks hooks;              // where the techniques enter the step (set by model_declare_buffers)
     // The step's phases (infra/timeline.h): a wait resets its timeout whenever one more has
     // completed, so a long step is not a hung one. Host-pinned scalars: copies of them are
     // asynchronous, so every wait goes through the watchdog.
@@ -206,7 +192,7 @@ struct Model {
     bool forward_only = false;  // within model_forward_loss: no backward follows the forward
     float* host_scalars = nullptr;
     // The techniques' own state and buffers; null when the technique is off.
-    std::shared_ptr<Fsdp> fsdp;        // shards and gathered slots (fsdp.cu; also the replicated bookkeeping)
+    std::shared_ptr<Fsdp> fsdp;        // the unit gradient buffers (fsdp.cu)
     std::shared_ptr<Ulysses> ulysses;  // all-to-all staging, head-sharded buffers (ulysses.cu)
     std::shared_ptr<Untied> untied;    // one head chunk's buffers (ulysses.cu, Untied Ulysses)
     Offload* offload = nullptr;        // pinned host copies of the block inputs and their stream (offload.cu)
@@ -311,8 +297,24 @@ double model_step_flops(const LlamaConfig& cfg, const RunShape& shape, double at
 // That share for documents of these lengths in sequences of seq tokens (a document of n tokens:
 // n^2 / 2 pairs, as causal attention's S^2 / 2).
 double document_attention_share(const StepDocuments& docs, int64_t seq, int batch);
-// The units (infra/common.h param_layout) in the order the step acquires their weights.
+// The units (infra/common.h param_layout) in the order the step uses their weights.
 std::vector<int> model_unit_order(const Model& m);
+// This GPU's parameters as pieces of tensors (m.segments), from m.shards.
+std::vector<ParamSegment> param_segments(const Model& m);
+
+// The weights in use (llama.cu). Unit u's bf16 weights (m.w, m.w_piece) are readable on the compute
+// stream from unit_begin(WEIGHTS) to unit_end; its gradient (m.g, m.g_piece) accumulates from
+// unit_begin(GRADIENTS) to unit_end, and `last` marks the unit's last contribution of the step
+// (the tied embedding gets two: the LM head and the lookup). A step uses the units in
+// model_unit_order's order, from units_step_begin to units_step_end; a unit made ahead may be
+// begun before its turn too (it ends once, in its turn).
+enum UnitUse { WEIGHTS = 1, GRADIENTS = 2, WEIGHTS_AND_GRADIENTS = 3 };
+void units_step_begin(Model& m, cudaStream_t s);
+void unit_begin(Model& m, int u, int use, cudaStream_t s);
+void unit_end(Model& m, int u, int use, cudaStream_t s, bool last = true);
+void units_step_end(Model& m, cudaStream_t s);  // every unit used; their collectives done before the optimizer
+// The unit whose weights the bf16 slot at `slot` holds or is being filled with; -1 if none (--sim-world).
+int unit_in_weight_slot(const Model& m, const void* slot);
 int64_t model_host_bytes(const Model& m);  // pinned host bytes of the step: offloaded activations
 // Floats of one layer's lse: batch x this GPU's query heads (Ulysses: 1/N of them) x seq.
 int64_t layer_lse_floats(const Model& m);
@@ -343,13 +345,18 @@ void final_norm_backward(Model& m, int64_t t0, int64_t n, const bf16* dxnf, cuda
 float loss_grad_scale(const Model& m);  // 1 / the step's count of valid targets (the loss is their mean)
 ParamKind lm_head_kind(const Model& m);  // P_LM_HEAD, or P_EMBED with tied embeddings
 
-// The attention sub-layer (ulysses.cu): plain attention over each sequence, or Ulysses's, or
-// Untied's, whichever the plan made.
-void attention_block_forward(Model& m, int l, cudaStream_t s);   // att, lse from x_in
+// The attention sub-layer: att, lse from x_in (Ulysses and Untied Ulysses replace parts of it).
+void attention_block_forward(Model& m, int l, cudaStream_t s);
 void attention_block_backward(Model& m, int l, cudaStream_t s);  // dres += d loss / d x_in through it
-void attention_inputs_forward(Model& m, int l, cudaStream_t s);  // q|k|v again, as its backward reads them
-void attention_dout(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);  // d att of the chunk = d x_mid Wo
-AttentionShape attention_call_shape(const Model& m);            // one attention call
+void attention_inputs_forward(Model& m, int l, cudaStream_t s);  // q|k|v as the attention call reads them
+AttentionShape attention_call_shape(const Model& m);            // one attention call (not Untied's)
+// The heads one GPU's attention takes when sp GPUs share each sequence (Ulysses): q query and kv
+// KV heads (kv = 1 with KV heads replicated when sp > Hkv); all of them when sp = 1.
+struct AttentionHeads {
+    int q, kv;
+    int64_t width(int head_dim) const { return (int64_t)(q + 2 * kv) * head_dim; }
+};
+AttentionHeads attention_heads(const LlamaConfig& c, int sp);
 // One attention call of layer l, marked on --timeline.
 void layer_attention_forward(Model& m, int l, const AttentionForwardArgs& a, const AttentionShape& sh, cudaStream_t s);
 void layer_attention_backward(Model& m, int l, const AttentionBackwardArgs& a, const AttentionShape& sh, cudaStream_t s);
@@ -370,31 +377,23 @@ inline bool block_input_on_host(const Model& m, int l) {
 inline int block_inputs_on_host(const Model& m, int n) {
     return m.plan.x_in == Hold::ON_HOST ? n - inputs_rebuilt_below(m.plan, n) : 0;
 }
+// Whether attention outputs go to the host (--ckpt=selective with --offload: beyond/selective.cu).
+inline bool attention_on_host(const Model& m) { return m.plan.att == Hold::ON_HOST; }
 
 // ---------------------------------------------------------------------------------------------
-// Stage 1 (fsdp.cu): parameters replicated (gradients all-reduced) or fully sharded (--fsdp).
-// A unit is a piece of the embedding, a layer, the final norm or a piece of the LM head
-// (infra/common.h param_layout).
-int64_t fsdp_local_params(const ParamLayout& lay, bool sharded, int world);  // elements per GPU
-void fsdp_plan(Model& m);  // its hooks: the step's begin (gradients zeroed, first gathers) and end
-// The model states (all, or this GPU's shards), the two bf16 unit slots (comm under --fsdp, else
-// model) and (--fsdp) the unit gradient slots.
-void fsdp_declare_buffers(Model& m, Arena& A);
+// Stage 1 (fsdp.cu): fully sharded data parallel, --fsdp. Each GPU keeps one shard of every unit
+// (a piece of the embedding, a layer, the final norm or a piece of the LM head: infra/common.h
+// param_layout); the step gathers a unit's weights before its use and reduce-scatters its gradient.
+std::vector<UnitShard> fsdp_shards(const ParamLayout& lay, int world, int rank);  // shard `rank` of every unit
+void fsdp_declare_buffers(Model& m, Arena& A);  // the two unit gradient buffers (comm)
 void fsdp_create(Model& m);
 void fsdp_destroy(Model& m);
-void fsdp_step_begin(Model& m, cudaStream_t s);
-// Weights of unit u usable on the compute stream after acquire, until release. A unit already
-// gathered ahead may be acquired before its turn too; it is released once, in its turn.
-void fsdp_acquire(Model& m, int u, cudaStream_t s);
-void fsdp_release(Model& m, int u, cudaStream_t s);
-// Gradients of unit u accumulate between grad_begin and grad_end; `last` marks the unit's last
-// contribution of the step (the tied embedding gets two: the LM head and the lookup).
+// Unit u's bf16 slot, this GPU's shard in its place, all-gathered in place on the communication stream.
+void fsdp_gather(Model& m, bf16* slot, int u);
+// Unit u's gradient accumulates in a unit buffer from fsdp_grad_begin; fsdp_reduce_scatter sums it
+// over the GPUs, each adding its shard's sum to its gradient shard.
 void fsdp_grad_begin(Model& m, int u, cudaStream_t s);
-void fsdp_grad_end(Model& m, int u, bool last, cudaStream_t s);
-void fsdp_step_end(Model& m, cudaStream_t s);  // all gradient traffic done before the optimizer
-// The unit whose weights the bf16 slot at `slot` holds or is being filled with; -1 if none.
-int fsdp_unit_in_slot(const Model& m, const void* slot);
-std::vector<ParamSegment> fsdp_segments(const Model& m);
+void fsdp_reduce_scatter(Model& m, int u, cudaStream_t s);
 // Unit u of a parameter-sized array (master weights, gradients), whole, on the host: gathered
 // from the shards under --fsdp (a collective: every rank calls it).
 std::vector<float> fsdp_gather_unit(Model& m, const float* local, int u, cudaStream_t s);
@@ -403,12 +402,7 @@ std::vector<float> fsdp_full_gradients(Model& m, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
 // Stage 2 (ulysses.cu): DeepSpeed Ulysses, --ulysses. Attention over the whole sequence with a
-// 1/sp share of the heads.
-struct UlyssesHeads {
-    int q, kv;  // query and KV heads per GPU (kv = 1 with KV heads replicated when sp > Hkv)
-    int64_t width(int head_dim) const { return (int64_t)(q + 2 * kv) * head_dim; }
-};
-UlyssesHeads ulysses_heads(const LlamaConfig& c, int sp);
+// 1/sp share of the heads (attention_heads).
 // Rejects shapes Ulysses cannot split, with a message naming what does not divide.
 void ulysses_check(const LlamaConfig& c, const RunShape& shape);
 void ulysses_plan(Model& m);
@@ -417,7 +411,9 @@ AttentionShape ulysses_attention_shape(const Model& m);  // one attention call: 
 bf16* ulysses_token_qkv(const Model& m);   // where the projection writes q|k|v of this GPU's tokens
 bf16* ulysses_token_dqkv(const Model& m);  // where the backward finds d q|k|v of this GPU's tokens
 void ulysses_qkv_to_heads(Model& m, int l, cudaStream_t s);  // token-sharded q|k|v -> the layer's qkv
+// The attention call on this GPU's heads, then the output back to this GPU's tokens (a.att).
 void ulysses_attention_forward(Model& m, int l, cudaStream_t s);
+// d att to this GPU's heads, the attention backward, d q|k|v back to its tokens (ulysses_token_dqkv).
 void ulysses_attention_backward(Model& m, int l, cudaStream_t s);
 
 // Stage 6 (ulysses.cu): Untied Ulysses, --untied[=K]. The attention sub-block in chunks of K
@@ -442,20 +438,18 @@ void checkpointing_plan(Model& m);
 // Backward, before layer l's: the attention sub-layer's forward again where its output was not
 // kept, or q|k|v alone where they were not.
 void recompute_attention(Model& m, int l, cudaStream_t s);
-// Backward, per chunk: rebuild what the chunk's backward reads and the plan did not keep.
-void recompute_attention_norm(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
-void recompute_mlp_inputs(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s);
 
 // Stage 4 (offload.cu): the block inputs in pinned host memory, --offload.
 void offload_plan(Model& m);
 int64_t offload_host_bytes(const Model& m);  // pinned host bytes of the block inputs (0 without --offload)
 void offload_create(Model& m);    // pinned buffers (once), copy stream, events
 void offload_destroy(Model& m);
-// The step's hooks (offload_plan adds them).
+// Where the step calls it.
 void offload_step_begin(Model& m, cudaStream_t s);
 void offload_save_block_input(Model& m, int l, cudaStream_t s);      // layer l's x_in is complete: copy it out
 void offload_before_layer_output(Model& m, int l, cudaStream_t s);   // the slot of layer l's x_out holds no
-                                                                     // input still on its way to the host
+                                                                     // input still on its way to the host;
+                                                                     // it takes layer l+1's input
 void offload_before_layer_backward(Model& m, int l, cudaStream_t s);  // l's x_in in its slot, l-1's on its way
 // A copy on the copy stream, once the compute stream has reached this point, marked on --timeline.
 void offload_copy(Model& m, void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind, const char* what,
@@ -480,7 +474,7 @@ int64_t dq_sums_staging_bf16s(const Model& m);
 // free now for the normalized input's gradient.
 bf16* deltas_first_in_att_output(Model& m, int l, cudaStream_t s);
 // --vocab-pieces: the LM head and loss (backward: and their backward), one piece at a time; the
-// units it acquires, in order (savings_plan puts both in m.hooks).
+// units it uses, in order.
 void lm_head_in_pieces(Model& m, bool backward, cudaStream_t s);
 void lm_head_pieces_order(const Model& m, std::vector<int>& order);
 
@@ -494,7 +488,7 @@ std::string selective_plan_text(const Model& m);  // which layers keep their att
 void selective_declare_buffers(Model& m, Arena& A);  // the device's own slots of attention outputs
 void selective_create(Model& m);  // pinned host memory of the attention outputs (once), events
 void selective_destroy(Model& m);
-// The step's hooks with --offload (selective_plan adds them).
+// Where the step calls it, with --offload (attention_on_host).
 void selective_before_attention(Model& m, int l, cudaStream_t s);   // the attention output's staging slot is free
 void selective_after_attention(Model& m, int l, cudaStream_t s);    // att, lse to the host
 void selective_before_layer_backward(Model& m, int l, cudaStream_t s);  // att, lse back; a rebuilt input

@@ -18,8 +18,9 @@
 //   recomputed          xn1 (attention norm), q|k|v, att and lse, x_mid, xn2, h13, act (the
 //                       MLP's inputs)
 // --chunked (chunked.cu) also drops the MLP's inputs (it keeps one chunk of them), and Untied
-// Ulysses implies --ckpt; the functions below rebuild whatever the plan says was not kept,
-// whichever technique dropped it.
+// Ulysses implies --ckpt. Where the step reads them (llama.cu): before layer l's backward,
+// recompute_attention (below) reruns the attention sub-layer; then each token chunk's backward
+// first rebuilds the chunk's x_mid, xn2, h13, act and xn1, where the plan says they were not kept.
 //
 // Stage 4, CPU offload of the block inputs. Checkpointing's inputs still grow with the depth:
 // (L + 1) x T x 2D bytes. With --offload (which implies --ckpt) each goes to pinned host memory
@@ -61,17 +62,6 @@ void recompute_attention(Model& m, int l, cudaStream_t s) {
     else if (m.plan.qkv == Hold::RECOMPUTED) attention_inputs_forward(m, l, s);
 }
 
-// Before the backward of the chunk's q|k|v projection: its input xn1.
-void recompute_attention_norm(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    if (m.plan.norms_mlp == Hold::RECOMPUTED) attention_norm_forward(m, l, t0, t1, s);
-}
-
-// Before the chunk's MLP backward: x_mid = x_in + att Wo^T, then xn2, h13 and act from it.
-void recompute_mlp_inputs(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s) {
-    if (m.plan.x_mid == Hold::RECOMPUTED) attention_output_forward(m, l, t0, t1, s);
-    if (m.plan.norms_mlp == Hold::RECOMPUTED) mlp_input_forward(m, l, t0, t1, s);
-}
-
 // =============================================================================================
 // Stage 4: the checkpoints in pinned host memory.
 struct Offload {
@@ -93,11 +83,6 @@ static bf16* host_input(Model& m, int l) {
 void offload_plan(Model& m) {
     if (!m.opt.offload) return;
     m.plan.x_in = Hold::ON_HOST, m.plan.x_slots = 2;
-    step_hook(m, STEP_BEGIN, [](Model& m, int, cudaStream_t s) { offload_step_begin(m, s); });
-    step_hook(m, BLOCK_INPUT_READY, offload_save_block_input);
-    step_hook(m, AFTER_ATTENTION, offload_before_layer_output);
-    step_hook(m, LAYER_BACKWARD_BEGIN, offload_before_layer_backward);
-    setup_hook(m, offload_create, offload_destroy);
 }
 
 int64_t offload_host_bytes(const Model& m) {
@@ -154,16 +139,20 @@ void offload_step_begin(Model& m, cudaStream_t s) {
 
 void offload_input_written(Model& m, int l) { m.offload->slot_input[slot_of(m, l)] = l; }
 
+// Layer l's input is complete (the embedding's output, or layer l-1's): copy it out.
 void offload_save_block_input(Model& m, int l, cudaStream_t s) {
-    offload_input_written(m, l);  // l = L: the head's input, in the last layer's output slot
+    offload_input_written(m, l);
     if (!block_input_on_host(m, l)) return;
     const int64_t bytes = block_input_elements(m) * 2;
     offload_copy(m, host_input(m, l), m.layers[l].x_in, bytes, cudaMemcpyDeviceToHost, "x_in to host", l, s);
     CUDA_CHECK(cudaEventRecord(m.offload->copied_out[slot_of(m, l)], m.offload->copy));
 }
 
+// Before layer l's MLP writes its output, layer l+1's input (l+1 = L: the head's), over the slot
+// that held layer l-1's (or with one slot, layer l's own): that input is on the host.
 void offload_before_layer_output(Model& m, int l, cudaStream_t s) {
     CUDA_CHECK(cudaStreamWaitEvent(s, m.offload->copied_out[slot_of(m, l + 1)], 0));
+    offload_input_written(m, l + 1);
 }
 
 void offload_fetch_input(Model& m, int l, cudaStream_t s) {

@@ -1,7 +1,8 @@
 // ulysses.cu - DeepSpeed Ulysses context parallelism (--ulysses, ladder stage 2; the talk at
 // 06:04; Jacobs et al., arXiv 2309.14509), then Untied Ulysses, the same in head chunks
 // (--untied[=K], stage 6; the talk at 09:57, the chunk size at 11:43; UPipe, arXiv 2602.21196).
-// The layer calls attention as one sub-layer, plain, Ulysses or Untied: the end of this file.
+// llama.cu's attention sub-layer calls each where it replaces a part of the plain one: Ulysses the
+// attention call (with its all-to-alls), Untied Ulysses the whole sub-layer.
 //
 // Stage 2, Ulysses. One sequence of S tokens is split over N GPUs: GPU r holds tokens
 // [r S/N, (r+1) S/N) and runs everything that works token by token (norms, projections, RoPE
@@ -90,10 +91,6 @@ struct Ulysses {
     float* delta_receive = nullptr;  // [N][T][q] this GPU's heads, grouped by source GPU
 };
 
-UlyssesHeads ulysses_heads(const LlamaConfig& c, int sp) {
-    return {c.n_heads / sp, std::max(1, c.n_kv_heads / sp)};
-}
-
 void ulysses_check(const LlamaConfig& c, const RunShape& sh) {
     if (sh.sp <= 1) return;
     const std::string n = std::to_string(sh.sp);
@@ -118,7 +115,7 @@ void ulysses_declare_buffers(Model& m, Arena& A) {
     Ulysses& u = *m.ulysses;
     const LlamaConfig& c = m.cfg;
     const int sp = m.shape.sp;
-    const UlyssesHeads heads = ulysses_heads(c, sp);
+    const AttentionHeads heads = attention_heads(c, sp);
     const int64_t T = m.shape.tokens(), S = T * sp, WH = heads.width(c.head_dim);
     const int64_t staging = T * std::max<int64_t>(sp * WH, c.q_dim());  // >= T * qkv_dim
     u.send = A.take<bf16>("Ulysses all-to-all send staging", MEM_COMM, staging);
@@ -132,7 +129,7 @@ void ulysses_declare_buffers(Model& m, Arena& A) {
 }
 
 AttentionShape ulysses_attention_shape(const Model& m) {
-    const UlyssesHeads h = ulysses_heads(m.cfg, m.shape.sp);
+    const AttentionHeads h = attention_heads(m.cfg, m.shape.sp);
     return {1, m.shape.tokens() * m.shape.sp, h.q, h.kv, m.cfg.head_dim};
 }
 
@@ -156,7 +153,7 @@ Geometry geometry(const Model& m) {
     Geometry g;
     g.T = m.shape.tokens();
     g.sp = m.shape.sp, g.d = c.head_dim, g.Hq = c.n_heads, g.Hkv = c.n_kv_heads;
-    UlyssesHeads h = ulysses_heads(c, g.sp);
+    AttentionHeads h = attention_heads(c, g.sp);
     g.q = h.q, g.kv = h.kv;
     g.QKV = c.qkv_dim(), g.WH = h.width(c.head_dim);
     g.replicas = g.Hkv >= g.sp ? 1 : g.sp / g.Hkv;
@@ -293,7 +290,6 @@ void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
     Ulysses& u = *m.ulysses;
     LayerActivations& a = m.layers[l];
     const int64_t qd = (int64_t)g.q * g.d;
-    ulysses_qkv_to_heads(m, l, s);
     const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + qd, .v = a.qkv + qd + (int64_t)g.kv * g.d, .ldq = g.WH,
                                   .ldk = g.WH, .ldv = g.WH, .out = u.heads_out, .ldo = qd, .lse = a.lse,
                                   .docs = m.docs};

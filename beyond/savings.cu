@@ -41,11 +41,11 @@
 //    Cost: none.
 #include "llama.h"
 
-// The plan: the LM head in pieces where the vocabulary is cut; offload.cu stages the inputs
+// The plan (the LM head in pieces where the vocabulary is cut: llama.cu's head calls
+// lm_head_in_pieces); offload.cu stages the inputs
 // through one slot (its slot of layer l is l % 1); Untied's normalized-input gradient and the
 // fused dQ sums get no buffers of their own.
 void savings_plan(Model& m) {
-    if (m.layout.vocab_pieces() > 1) m.hooks.lm_head = lm_head_in_pieces, m.hooks.lm_head_units = lm_head_pieces_order;
     if (m.opt.one_offload_slot && m.plan.x_in == Hold::ON_HOST) m.plan.x_slots = 1;
     if (m.untied && m.opt.dq_sums_in_staging) m.plan.dq_sums_buffer = false;
     if (untied_grad_in_att_output(m)) m.plan.dxn1_buffer = false;
@@ -63,20 +63,20 @@ bool untied_grad_in_att_output(const Model& m) {
 //                 lse; d norm(x) += d logits W_p, summed over the pieces in dres (bf16), and
 //                 dW_p += d logits^T norm(x) (fp32, the piece's gradient unit)
 // then the final norm's backward turns d norm(x) into d x_final, chunk by chunk. Every piece's
-// unit is acquired here (FSDP: gathered; the final norm's unit is held by the caller).
+// unit is used here (unit_begin: under FSDP gathered; the final norm's unit is held by the caller).
 static void head_loss_pass(Model& m, cudaStream_t s) {
     const ParamLayout& lay = m.layout;
     const ParamKind head = lm_head_kind(m);
     for (int p = 0; p < lay.vocab_pieces(); p++) {
         const int64_t v0 = lay.piece_row[p], V = lay.piece_rows(p);
-        fsdp_acquire(m, m.piece_unit(head, p), s);
+        unit_begin(m, m.piece_unit(head, p), WEIGHTS, s);
         for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
             final_norm_forward(m, t0, n, s);
             linear_forward(m.logits, m.xnf, m.w_piece(head, p), nullptr, n, m.cfg.dim, V, s);
             cross_entropy_piece_stats(m.logits, n, (int)V, v0, m.targets + t0, m.token_lse + t0, m.token_sumexp + t0,
                                       m.target_logit + t0, p == 0, s);
         });
-        fsdp_release(m, m.piece_unit(head, p), s);
+        unit_end(m, m.piece_unit(head, p), WEIGHTS, s);
     }
     cross_entropy_piece_loss(m.losses, m.token_lse, m.token_sumexp, m.target_logit, m.targets, m.shape.tokens(), s);
 }
@@ -88,8 +88,7 @@ static void head_backward_pass(Model& m, cudaStream_t s) {
     for (int p = 0; p < lay.vocab_pieces(); p++) {
         const int64_t v0 = lay.piece_row[p], V = lay.piece_rows(p);
         const int u = m.piece_unit(head, p);
-        fsdp_acquire(m, u, s);
-        fsdp_grad_begin(m, u, s);
+        unit_begin(m, u, WEIGHTS_AND_GRADIENTS, s);
         for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
             bf16* dxn = m.dres + t0 * D;  // d norm(x) of the chunk, summed over the pieces
             final_norm_forward(m, t0, n, s);
@@ -100,8 +99,7 @@ static void head_backward_pass(Model& m, cudaStream_t s) {
                     dxn, s);
             linear_backward_weight(m.g_piece(head, p), m.logits, m.xnf, n, D, V, s);
         });
-        fsdp_grad_end(m, u, !m.cfg.tied_embeddings, s);  // tied: the lookup adds the rest at the end
-        fsdp_release(m, u, s);
+        unit_end(m, u, WEIGHTS_AND_GRADIENTS, s, !m.cfg.tied_embeddings);  // tied: the lookup adds the rest at the end
     }
 }
 

@@ -88,19 +88,15 @@ static void plan_host_and_device(Model& m) {
     m.plan.att_device_layers = device_layers(m.plan.att_host_layers);
 }
 
-// The plan, and with --offload the hooks that move the outputs: before a layer's attention its
-// staging slot is free, after it the output goes to the host, before the layer's backward it comes
-// back (and a rebuilt input is rebuilt).
+// The plan. With --offload the outputs move (attention_on_host), and the step calls the functions
+// below: before a layer's attention its staging slot is free, after it the output goes to the
+// host, before the layer's backward it comes back (and a rebuilt input is rebuilt).
 void selective_plan(Model& m) {
     if (!m.opt.selective) return;
     m.plan.att = Hold::PER_LAYER;  // kept, not recomputed
     if (m.plan.x_in != Hold::ON_HOST) return;
     m.plan.att = Hold::ON_HOST;
     plan_host_and_device(m);
-    step_hook(m, LAYER_FORWARD_BEGIN, selective_before_attention);
-    step_hook(m, AFTER_ATTENTION, selective_after_attention);
-    step_hook(m, LAYER_BACKWARD_BEGIN, selective_before_layer_backward);
-    setup_hook(m, selective_create, selective_destroy);
 }
 
 // The layers kept on the device are the ones just before the last: L-1-D .. L-2.
@@ -211,7 +207,7 @@ static void fetch_attention(Model& m, int p, bool lse, cudaStream_t s) {
 static void rebuild_input(Model& m, int l, cudaStream_t s) {
     offload_fetch_input(m, l - 1, s);
     fetch_attention(m, l - 1, false, s);  // layer l-1 < K: the wait covers its input's copy too
-    fsdp_acquire(m, m.layout.layer_unit(l - 1), s);  // gathered ahead; released in its own turn
+    unit_begin(m, m.layout.layer_unit(l - 1), WEIGHTS, s);  // made ahead; it ends once, in its own turn
     TimelineMark mark(m, s, "compute", "input rebuild", l);
     for_each_token_chunk(m, [&](int64_t t0, int64_t t1) { block_output_forward(m, l - 1, t0, t1, s); });
 }

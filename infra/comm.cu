@@ -93,7 +93,7 @@ class LocalComm : public Comm {
     void all_gather(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
         copy(out, in, n, t, s);
         if (!simulated || !model || t != DType::BF16) return;
-        const int u = fsdp_unit_in_slot(*model, out);  // FSDP's gather of unit u's weights
+        const int u = unit_in_weight_slot(*model, out);  // FSDP's gather of unit u's weights
         if (u >= 0) draw_other_shards(*model, (bf16*)out, u, n, rank, s);
     }
     void reduce_scatter(void* out, const void* in, int64_t n, DType t, cudaStream_t s) override {
@@ -544,7 +544,7 @@ void model_sync(Model& m, cudaStream_t s) {
         cudaError_t e = cudaStreamQuery(s);
         if (e == cudaSuccess) return;
         if (e != cudaErrorNotReady) CUDA_CHECK(e);
-        for (Comm* c : {m.comm, m.comm_fsdp})
+        for (Comm* c : {m.comm, m.comm_params})
             if (c) c->check();
         // Progress: events complete in order; a newly completed one restarts the clock.
         while (done < m.watch.step_recorded && cudaEventQuery(m.watch.step[done]) == cudaSuccess) {
@@ -558,7 +558,7 @@ void model_sync(Model& m, cudaStream_t s) {
             t0 = std::chrono::steady_clock::now();
         }
         if (seconds_since(t0) > m.comm_timeout_s) {
-            for (Comm* c : {m.comm, m.comm_fsdp})
+            for (Comm* c : {m.comm, m.comm_params})
                 if (c) c->abort();
             runtime_error("no progress for " + std::to_string((int)m.comm_timeout_s) +
                           " s: a peer GPU stopped answering (see --comm-timeout-s)");

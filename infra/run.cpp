@@ -485,11 +485,11 @@ static void open_gpu(Run& r) {
     else
         m.comm = r.simulated ? comm_fake(r.world, &m) : comm_single();
     m.owns_comm = true;
-    m.comm_fsdp = m.comm->split();
+    m.comm_params = m.comm->split();
     m.comm_timeout_s = o.comm_timeout_s;
     CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
     warm_up(m.comm, r.stream, o.comm_timeout_s);  // each on the stream the step uses it on
-    warm_up(m.comm_fsdp, m.comm_stream, o.comm_timeout_s);
+    warm_up(m.comm_params, m.comm_stream, o.comm_timeout_s);
     // Ranks that share this GPU (--comm host, the ranks dealt to the GPUs in turn) each count an
     // equal part of it, measured while every rank's context is up and none has allocated yet.
     dm.sharing = o.host_comm ? (r.world - dm.device + n_dev - 1) / n_dev : 1;

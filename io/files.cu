@@ -298,7 +298,7 @@ std::vector<float> read_hf_weights(const Model& m, const std::string& path) {
     open_hf_checkpoint(m, path, ck);
     std::map<std::string, StTensor>& tensors = ck.tensors;
     std::vector<float> local(m.local_params, 0.f);
-    for (const ParamSegment& seg : fsdp_segments(m)) {
+    for (const ParamSegment& seg : m.segments) {
         const ParamTensor& t = *seg.tensor;
         const int64_t e0 = seg.tensor_offset, e1 = e0 + seg.count;
         for (const HfPiece& p : hf_pieces(m.cfg, t)) {

@@ -338,10 +338,10 @@ TEST(SimWorld, GatheredUnitsHoldTheWholeModel) {
         const std::vector<double> expected = download(whole, lay.total);
         CUDA_CHECK(cudaFree(whole));
         const std::vector<int> order = model_unit_order(sim);  // the step's: embedding, layers, final norm, head, layers
-        fsdp_step_begin(sim, s);
+        units_step_begin(sim, s);
         int64_t compared = 0, nonzero = 0, differ = 0, first_differ = -1;
         for (int u : order) {
-            fsdp_acquire(sim, u, s);
+            unit_begin(sim, u, WEIGHTS, s);
             CUDA_CHECK(cudaStreamSynchronize(s));
             const std::vector<double> got = download(sim.unit_w[u], lay.unit_size(u));
             for (const ParamTensor& t : lay.tensors) {  // the tensors' elements (not the alignment gaps)
@@ -352,9 +352,9 @@ TEST(SimWorld, GatheredUnitsHoldTheWholeModel) {
                     compared++, nonzero += expected[i] != 0;
                 }
             }
-            fsdp_release(sim, u, s);
+            unit_end(sim, u, WEIGHTS, s);
         }
-        fsdp_step_end(sim, s);
+        units_step_end(sim, s);
         EXPECT_EQ(differ, 0) << name << ": the first differing weight is element " << first_differ << " of the layout";
         EXPECT_GT(nonzero, compared * 9 / 10) << name;
         printf("  %s: %lld weights of %zu gathered units bit for bit the single-GPU model's\n", name, (long long)compared, order.size());
