@@ -70,7 +70,7 @@ std::vector<UnitShard> fsdp_shards(const ParamLayout& lay, int world, int rank) 
 void fsdp_declare_buffers(Model& m, Arena& A) {
     if (!m.fsdp) m.fsdp = std::make_shared<Fsdp>();
     int64_t largest = 0;
-    for (const UnitShard& sh : m.shards) largest = std::max(largest, sh.padded);
+    for (const UnitShard& sh : m.states.shards) largest = std::max(largest, sh.padded);
     for (int k = 0; k < 2; k++)
         m.fsdp->grad_slot[k] = A.take<float>("FSDP unit gradient " + std::to_string(k), MEM_COMM, largest);
 }
@@ -93,7 +93,7 @@ void fsdp_destroy(Model& m) {
 // Unit u's slot, this GPU's shard converted into its place, gathered in place on the communication
 // stream: every GPU's shard lands in its place of every GPU's slot.
 void fsdp_gather(Model& m, bf16* slot, int u) {
-    const UnitShard& sh = m.shards[u];
+    const UnitShard& sh = m.states.shards[u];
     TimelineMark mark(m, m.comm_stream, "fsdp", "gather", u, sh.count * (m.world - 1) * 2);
     m.comm_params->all_gather(slot, slot + sh.first, sh.count, DType::BF16, m.comm_stream);
 }
@@ -107,7 +107,7 @@ void fsdp_grad_begin(Model& m, int u, cudaStream_t s) {
         if (!g.free) continue;
         f.next_grad_slot = (k + 1) % 2;
         if (g.used) CUDA_CHECK(cudaStreamWaitEvent(s, g.reduced, 0));  // its last reduce-scatter read it
-        CUDA_CHECK(cudaMemsetAsync(f.grad_slot[k], 0, m.shards[u].padded * sizeof(float), s));
+        CUDA_CHECK(cudaMemsetAsync(f.grad_slot[k], 0, m.states.shards[u].padded * sizeof(float), s));
         g.unit = u, g.free = false, g.used = true;
         m.unit_g[u] = f.grad_slot[k];
         return;
@@ -131,14 +131,14 @@ void fsdp_reduce_scatter(Model& m, int u, cudaStream_t s) {
     if (k < 0) throw std::logic_error("FSDP: a reduce-scatter without fsdp_grad_begin");
     CUDA_CHECK(cudaEventRecord(f.mark, s));
     CUDA_CHECK(cudaStreamWaitEvent(m.comm_stream, f.mark, 0));
-    const UnitShard& sh = m.shards[u];
+    const UnitShard& sh = m.states.shards[u];
     float* own = f.grad_slot[k] + sh.first;
     {
         TimelineMark mark(m, m.comm_stream, "fsdp", "reduce-scatter", u, sh.count * (m.world - 1) * 4);
         m.comm_params->reduce_scatter(own, f.grad_slot[k], sh.count, DType::F32, m.comm_stream);
     }
     add_kernel<<<(unsigned)std::min<int64_t>((sh.count + 255) / 256, 1 << 16), 256, 0, m.comm_stream>>>(
-        m.grad + sh.local, own, sh.count);  // this GPU's gradient shard += its sum
+        m.states.grad + sh.local, own, sh.count);  // this GPU's gradient shard += its sum
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaEventRecord(f.gs[k].reduced, m.comm_stream));
     f.gs[k].free = true;
@@ -154,10 +154,10 @@ std::vector<float> fsdp_gather_unit(Model& m, const float* local, int u, cudaStr
         return out;
     }
     // Gathered into a unit gradient buffer: outside a step no gradient accumulates there.
-    const UnitShard& sh = m.shards[u];
+    const UnitShard& sh = m.states.shards[u];
     float* buffer = m.fsdp->grad_slot[0];
     m.comm_params->all_gather(buffer, local + sh.local, sh.count, DType::F32, s);
-    comm_sync(m.comm_params, s, m.comm_timeout_s);
+    comm_sync(m.comm_params, s, m.watch.timeout_s);
     CUDA_CHECK(cudaMemcpy(out.data(), buffer, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return out;
 }
@@ -165,7 +165,7 @@ std::vector<float> fsdp_gather_unit(Model& m, const float* local, int u, cudaStr
 std::vector<float> fsdp_full_gradients(Model& m, cudaStream_t s) {
     std::vector<float> g(m.layout.total, 0.f);
     for (int u = 0; u < m.layout.num_units(); u++) {
-        std::vector<float> unit = fsdp_gather_unit(m, m.grad, u, s);
+        std::vector<float> unit = fsdp_gather_unit(m, m.states.grad, u, s);
         std::copy(unit.begin(), unit.end(), g.begin() + m.layout.unit_begin[u]);
     }
     return g;

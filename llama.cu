@@ -59,7 +59,7 @@ static void embedding_lookup(Model& m, cudaStream_t s) {
     const ParamLayout& lay = m.layout;
     for (int p = 0; p < lay.vocab_pieces(); p++) {
         unit_begin(m, lay.embed_unit(p), WEIGHTS, s);
-        embedding_forward(m.layers[0].x_in, m.tokens, m.w_piece(P_EMBED, p), lay.piece_row[p],
+        embedding_forward(m.layers[0].x_in, m.batch.tokens, m.w_piece(P_EMBED, p), lay.piece_row[p],
                           lay.piece_rows(p), m.shape.tokens(), m.cfg.dim, s);
         unit_end(m, lay.embed_unit(p), WEIGHTS, s);
     }
@@ -67,13 +67,13 @@ static void embedding_lookup(Model& m, cudaStream_t s) {
 
 static void embedding_lookup_backward(Model& m, cudaStream_t s) {  // d loss / d x_in of layer 0 in m.dres
     const ParamLayout& lay = m.layout;
-    const std::vector<int32_t>& group_token = m.emb_groups.token;  // ascending: a piece's groups are a range
+    const std::vector<int32_t>& group_token = m.batch.groups.token;  // ascending: a piece's groups are a range
     for (int p = 0; p < lay.vocab_pieces(); p++) {
         const int64_t g0 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p]) - group_token.begin();
         const int64_t g1 = std::lower_bound(group_token.begin(), group_token.end(), lay.piece_row[p + 1]) - group_token.begin();
         unit_begin(m, lay.embed_unit(p), GRADIENTS, s);
-        embedding_backward(m.g_piece(P_EMBED, p), lay.piece_row[p], m.dres, m.emb_group_token + g0,
-                           m.emb_group_begin + g0, m.emb_positions, g1 - g0, m.cfg.dim, s);
+        embedding_backward(m.g_piece(P_EMBED, p), lay.piece_row[p], m.dres, m.batch.group_token + g0,
+                           m.batch.group_begin + g0, m.batch.positions, g1 - g0, m.cfg.dim, s);
         unit_end(m, lay.embed_unit(p), GRADIENTS, s);
     }
 }
@@ -116,7 +116,7 @@ void attention_inputs_forward(Model& m, int l, cudaStream_t s) {
         linear_forward(x, a.xn1, m.w(P_WQKV, l), nullptr, t1 - t0, c.dim, QKV, s);
         qk_norm_forward(m, l, x, QKV, c.n_heads, x + c.q_dim(), QKV, c.n_kv_heads, t1 - t0, s);
         rope_apply(x, t1 - t0, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
-                   m.inv_freq, false, s, m.doc_positions);
+                   m.inv_freq, false, s, m.docs.positions);
     });
     if (m.ulysses) ulysses_qkv_to_heads(m, l, s);  // ulysses.cu: all-to-all, this GPU's tokens -> its heads
 }
@@ -133,7 +133,7 @@ void attention_block_forward(Model& m, int l, cudaStream_t s) {
     const int64_t QKV = c.qkv_dim();
     const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + c.q_dim(), .v = a.qkv + c.q_dim() + c.kv_dim(),
                                   .ldq = QKV, .ldk = QKV, .ldv = QKV, .out = a.att, .ldo = c.q_dim(), .lse = a.lse,
-                                  .docs = m.docs};
+                                  .docs = m.docs.attention};
     layer_attention_forward(m, l, fa, attention_call_shape(m), s);  // att, lse = flash attention(q, k, v)
 }
 
@@ -215,13 +215,13 @@ static void mlp_backward(Model& m, int l, int64_t t0, int64_t t1, cudaStream_t s
     if (m.plan.norms_mlp == Hold::RECOMPUTED) mlp_input_forward(m, l, t0, t1, s);    // xn2, h13, act (--ckpt, --chunked)
     bf16* dres = at(m.dres, t0, D);
     // x_out = x_mid + act W2^T
-    linear_backward_input(m.dact, dres, m.w(P_W2, l), n, F, D, s);
+    linear_backward_input(m.chunk.dact, dres, m.w(P_W2, l), n, F, D, s);
     linear_backward_weight(m.g(P_W2, l), dres, a.act, n, F, D, s);
-    swiglu_backward(m.dh13, m.dact, a.h13, n, F, s);
-    linear_backward_input(m.dxn, m.dh13, m.w(P_W13, l), n, D, 2 * F, s);
-    linear_backward_weight(m.g(P_W13, l), m.dh13, a.xn2, n, D, 2 * F, s);
-    rmsnorm_backward(dres, m.g(P_MLP_NORM, l), m.dxn, a.x_mid_rows(t0), m.w(P_MLP_NORM, l), a.rstd2, n, D, true,
-                     m.norm_partial, s);
+    swiglu_backward(m.chunk.dh13, m.chunk.dact, a.h13, n, F, s);
+    linear_backward_input(m.chunk.dxn, m.chunk.dh13, m.w(P_W13, l), n, D, 2 * F, s);
+    linear_backward_weight(m.g(P_W13, l), m.chunk.dh13, a.xn2, n, D, 2 * F, s);
+    rmsnorm_backward(dres, m.g(P_MLP_NORM, l), m.chunk.dxn, a.x_mid_rows(t0), m.w(P_MLP_NORM, l), a.rstd2, n, D, true,
+                     m.work.norm_partial, s);
     // x_mid = x_in + att Wo^T: d att = d x_mid Wo (Untied Ulysses takes it a head chunk at a time)
     if (m.plan.datt_buffer) linear_backward_input(at(m.datt, t0, QD), dres, m.w(P_WO, l), n, QD, D, s);
     linear_backward_weight(m.g(P_WO, l), dres, at(a.att, t0, QD), n, QD, D, s);
@@ -233,15 +233,15 @@ static void qk_norm_backward(Model& m, int l, bf16* dqk, int64_t ld, const bf16*
     const LlamaConfig& c = m.cfg;
     if (!c.qk_norm()) return;
     const int64_t QK = c.q_dim() + c.kv_dim();  // Wqkv's first rows: q, then k
-    linear_forward(m.qk_raw, xn, m.w(P_WQKV, l), nullptr, n, c.dim, QK, s);
-    head_norm_backward(m, P_Q_NORM, l, dqk, ld, m.qk_raw, QK, c.n_heads, n, s);
-    head_norm_backward(m, P_K_NORM, l, dqk + c.q_dim(), ld, m.qk_raw + c.q_dim(), QK, c.n_kv_heads, n, s);
+    linear_forward(m.chunk.qk_raw, xn, m.w(P_WQKV, l), nullptr, n, c.dim, QK, s);
+    head_norm_backward(m, P_Q_NORM, l, dqk, ld, m.chunk.qk_raw, QK, c.n_heads, n, s);
+    head_norm_backward(m, P_K_NORM, l, dqk + c.q_dim(), ld, m.chunk.qk_raw + c.q_dim(), QK, c.n_kv_heads, n, s);
 }
 
 void head_norm_backward(Model& m, ParamKind which, int l, bf16* dx, int64_t ld, const bf16* raw, int64_t ld_raw,
                         int heads, int64_t n, cudaStream_t s) {
     head_rmsnorm_backward(dx, ld, raw, ld_raw, m.w(which, l), m.g(which, l), n, heads, m.cfg.head_dim, m.cfg.norm_eps,
-                          m.norm_partial, s);
+                          m.work.norm_partial, s);
 }
 
 // The attention sub-layer's backward: d q|k|v from d att through the attention call, then token
@@ -260,20 +260,20 @@ void attention_block_backward(Model& m, int l, cudaStream_t s) {
                                        .ldq = QKV, .ldk = QKV, .ldv = QKV, .ldo = Q, .lddo = Q, .lse = a.lse,
                                        .dq = m.dqkv, .dk = m.dqkv + Q, .dv = m.dqkv + Q + K, .lddq = QKV,
                                        .lddk = QKV, .lddv = QKV, .delta = m.delta, .dq_accum = m.dq_accum,
-                                       .docs = m.docs};
+                                       .docs = m.docs.attention};
         layer_attention_backward(m, l, ba, attention_call_shape(m), s);
     }
     for_each_token_chunk(m, [&](int64_t t0, int64_t t1) {
         const int64_t n = t1 - t0;
         bf16* dx = dqkv + t0 * QKV;
         rope_apply(dx, n, t0, m.shape.seq, m.shape.first_position(), c.n_heads + c.n_kv_heads, c.head_dim, QKV,
-                   m.inv_freq, true, s, m.doc_positions);  // RoPE undone
+                   m.inv_freq, true, s, m.docs.positions);  // RoPE undone
         if (m.plan.norms_mlp == Hold::RECOMPUTED) attention_norm_forward(m, l, t0, t1, s);  // xn1 again
         qk_norm_backward(m, l, dx, QKV, a.xn1, n, s);
-        linear_backward_input(m.dxn, dx, m.w(P_WQKV, l), n, c.dim, QKV, s);
+        linear_backward_input(m.chunk.dxn, dx, m.w(P_WQKV, l), n, c.dim, QKV, s);
         linear_backward_weight(m.g(P_WQKV, l), dx, a.xn1, n, c.dim, QKV, s);
-        rmsnorm_backward(m.dres + t0 * c.dim, m.g(P_ATTN_NORM, l), m.dxn, a.x_in + t0 * c.dim, m.w(P_ATTN_NORM, l),
-                         a.rstd1, n, c.dim, true, m.norm_partial, s);
+        rmsnorm_backward(m.dres + t0 * c.dim, m.g(P_ATTN_NORM, l), m.chunk.dxn, a.x_in + t0 * c.dim, m.w(P_ATTN_NORM, l),
+                         a.rstd1, n, c.dim, true, m.work.norm_partial, s);
     });
 }
 
@@ -290,16 +290,16 @@ static void layer_backward(Model& m, int l, cudaStream_t s) {
 // The head: final norm, LM head, cross-entropy, forward and backward together.
 void final_norm_forward(Model& m, int64_t t0, int64_t n, cudaStream_t s) {
     const LlamaConfig& c = m.cfg;
-    rmsnorm_forward(m.xnf, m.rstdf, at(m.x_final, t0, c.dim), m.w(P_FINAL_NORM), n, c.dim, c.norm_eps, s);
+    rmsnorm_forward(m.head.xnf, m.head.rstdf, at(m.x_final, t0, c.dim), m.w(P_FINAL_NORM), n, c.dim, c.norm_eps, s);
 }
 
 void final_norm_backward(Model& m, int64_t t0, int64_t n, const bf16* dxnf, cudaStream_t s) {
     const int D = m.cfg.dim;
-    rmsnorm_backward(at(m.dres, t0, D), m.g(P_FINAL_NORM), dxnf, at(m.x_final, t0, D), m.w(P_FINAL_NORM), m.rstdf,
-                     n, D, false, m.norm_partial, s);
+    rmsnorm_backward(at(m.dres, t0, D), m.g(P_FINAL_NORM), dxnf, at(m.x_final, t0, D), m.w(P_FINAL_NORM), m.head.rstdf,
+                     n, D, false, m.work.norm_partial, s);
 }
 
-float loss_grad_scale(const Model& m) { return m.n_valid_targets > 0 ? 1.0f / (float)m.n_valid_targets : 0.0f; }
+float loss_grad_scale(const Model& m) { return m.batch.n_valid_targets > 0 ? 1.0f / (float)m.batch.n_valid_targets : 0.0f; }
 ParamKind lm_head_kind(const Model& m) { return m.cfg.tied_embeddings ? P_EMBED : P_LM_HEAD; }
 
 // The LM head in one unit, one pass per loss chunk (chunked.cu): the logits of a chunk are
@@ -316,13 +316,13 @@ static void lm_head_whole(Model& m, bool backward, cudaStream_t s) {
     float* dW = m.g_piece(lm_head_kind(m), 0);
     for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
         final_norm_forward(m, t0, n, s);
-        linear_forward(m.logits, m.xnf, W, nullptr, n, D, V, s);
-        cross_entropy_forward_backward(m.logits, m.losses + t0, m.targets + t0, n, (int)V,
+        linear_forward(m.head.logits, m.head.xnf, W, nullptr, n, D, V, s);
+        cross_entropy_forward_backward(m.head.logits, m.head.losses + t0, m.batch.targets + t0, n, (int)V,
                                        backward ? loss_grad_scale(m) : 0.0f, s);
         if (!backward) return;  // the loss alone (model_forward_loss)
-        linear_backward_input(m.dxn, m.logits, W, n, D, V, s);  // logits now hold dlogits
-        linear_backward_weight(dW, m.logits, m.xnf, n, D, V, s);
-        final_norm_backward(m, t0, n, m.dxn, s);
+        linear_backward_input(m.chunk.dxn, m.head.logits, W, n, D, V, s);  // logits now hold dlogits
+        linear_backward_weight(dW, m.head.logits, m.head.xnf, n, D, V, s);
+        final_norm_backward(m, t0, n, m.chunk.dxn, s);
     });
     unit_end(m, u, use, s, !c.tied_embeddings);  // tied: the lookup adds the rest at the end
 }
@@ -336,7 +336,7 @@ static void head(Model& m, bool backward, cudaStream_t s) {
     if (m.layout.vocab_pieces() > 1) lm_head_in_pieces(m, backward, s);  // beyond/savings.cu, stage 7
     else lm_head_whole(m, backward, s);
     unit_end(m, u, use, s);
-    if (backward) sum_floats(m.scalars + 0, m.losses, m.shape.tokens(), m.reduce_scratch, s);
+    if (backward) sum_floats(m.scalars + 0, m.head.losses, m.shape.tokens(), m.work.reduce, s);
 }
 
 // =============================================================================================
@@ -365,7 +365,7 @@ static void backward_turn(Model& m, int l, cudaStream_t s) {
 
 // What each step starts from: the gradients zeroed, the units' order, and the techniques' own.
 static void step_begin(Model& m, cudaStream_t s) {
-    CUDA_CHECK(cudaMemsetAsync(m.grad, 0, m.local_params * sizeof(float), s));
+    CUDA_CHECK(cudaMemsetAsync(m.states.grad, 0, m.states.count * sizeof(float), s));
     units_step_begin(m, s);
     if (m.opt.offload) offload_step_begin(m, s);  // offload.cu: the last step's copies are done
 }
@@ -393,7 +393,7 @@ void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress, void*
 }
 
 // The forward alone, for evaluation: the step's forward (every technique's forward calls, the
-// same kernels on the same inputs, so the same per-token losses in m.losses as a step's), then
+// same kernels on the same inputs, so the same per-token losses in m.head.losses as a step's), then
 // the head's loss without its backward. Gradients are zeroed, not computed: call it between
 // steps, never between a step's backward and its optimizer step. Its progress events (the
 // watchdog's, as a step's) are its own: the last step's stay as they are, for --mem-trace.
@@ -425,12 +425,12 @@ std::vector<int> model_unit_order(const Model& m) {
 void model_optimizer_step(Model& m, const AdamW& opt, float max_grad_norm, cudaStream_t s) {
     // Global gradient norm: each GPU's sum of squares; summed over the shards under --fsdp
     // (replicated gradients are already the same everywhere).
-    sum_squares(m.scalars + 1, m.grad, m.local_params, m.reduce_scratch, s);
+    sum_squares(m.scalars + 1, m.states.grad, m.states.count, m.work.reduce, s);
     if (m.opt.fsdp && m.world > 1) m.comm->all_reduce(m.scalars + 1, 1, DType::F32, s);
     clip_scale(m.scalars + 2, m.scalars + 1, max_grad_norm, s);
-    for (const ParamSegment& seg : m.segments)
-        adamw_update(m.master + seg.local, m.grad + seg.local, m.adam_m + seg.local,
-                     m.adam_v + seg.local, seg.count, opt, seg.tensor->decay, m.scalars + 2, s);
+    for (const ParamSegment& seg : m.states.segments)
+        adamw_update(m.states.master + seg.local, m.states.grad + seg.local, m.states.adam_m + seg.local,
+                     m.states.adam_v + seg.local, seg.count, opt, seg.tensor->decay, m.scalars + 2, s);
 }
 
 // =============================================================================================
@@ -473,9 +473,9 @@ void units_step_begin(Model& m, cudaStream_t s) {
 // Fill slot k with unit u's bf16 weights, on the communication stream: this GPU's fp32 master of
 // the unit (under --fsdp its shard, in the shard's place of the slot) converted, then gathered.
 static void fill_slot(Model& m, int k, int u) {
-    const UnitShard& sh = m.shards[u];
+    const UnitShard& sh = m.states.shards[u];
     bf16* slot = m.slots->weights[k];
-    convert_f32_to_bf16(slot + sh.first, m.master + sh.local, sh.count, m.comm_stream);
+    convert_f32_to_bf16(slot + sh.first, m.states.master + sh.local, sh.count, m.comm_stream);
     if (m.opt.fsdp) fsdp_gather(m, slot, u);  // fsdp.cu: every GPU's shard into its place of the slot
 }
 
@@ -507,7 +507,7 @@ static void reduce_gradient(Model& m, int u, bool last, cudaStream_t s) {
     comm_after_compute(m, s);
     // A ring all-reduce sends 2 (N - 1) / N of the buffer from each GPU.
     TimelineMark mark(m, m.comm_stream, "fsdp", "all-reduce", u, 2 * (m.world - 1) * m.layout.unit_size(u) * 4 / m.world);
-    m.comm_params->all_reduce(m.grad + m.layout.unit_begin[u], m.layout.unit_size(u), DType::F32, m.comm_stream);
+    m.comm_params->all_reduce(m.states.grad + m.layout.unit_begin[u], m.layout.unit_size(u), DType::F32, m.comm_stream);
 }
 
 void unit_begin(Model& m, int u, int use, cudaStream_t s) {
@@ -617,28 +617,28 @@ static T* take_activation(Model& m, Arena& A, const char* name, MemCategory cat,
 static void declare_model_states(Model& m, Arena& A) {
     const ParamLayout& lay = m.layout;
     if (m.opt.fsdp) {
-        m.shards = fsdp_shards(lay, m.world, m.comm ? m.comm->rank : 0);  // fsdp.cu
+        m.states.shards = fsdp_shards(lay, m.world, m.comm ? m.comm->rank : 0);  // fsdp.cu
     } else {
-        m.shards.clear();
+        m.states.shards.clear();
         for (int u = 0; u < lay.num_units(); u++)
-            m.shards.push_back({.local = lay.unit_begin[u], .count = lay.unit_size(u), .first = 0,
+            m.states.shards.push_back({.local = lay.unit_begin[u], .count = lay.unit_size(u), .first = 0,
                                 .padded = lay.unit_size(u)});
     }
     int64_t P = 0;
-    for (const UnitShard& sh : m.shards) P = std::max(P, sh.local + sh.count);
-    m.local_params = P;
-    m.master = A.take<float>("master weights (fp32)", MEM_MODEL, P);
-    m.grad = A.take<float>("gradients (fp32)", MEM_MODEL, P);
-    m.adam_m = A.take<float>("AdamW first moment", MEM_MODEL, P);
-    m.adam_v = A.take<float>("AdamW second moment", MEM_MODEL, P);
-    m.segments = param_segments(m);
+    for (const UnitShard& sh : m.states.shards) P = std::max(P, sh.local + sh.count);
+    m.states.count = P;
+    m.states.master = A.take<float>("master weights (fp32)", MEM_MODEL, P);
+    m.states.grad = A.take<float>("gradients (fp32)", MEM_MODEL, P);
+    m.states.adam_m = A.take<float>("AdamW first moment", MEM_MODEL, P);
+    m.states.adam_v = A.take<float>("AdamW second moment", MEM_MODEL, P);
+    m.states.segments = param_segments(m);
 }
 
 // The bf16 weights of two units (gathered under --fsdp: category comm) and the gradients' views.
 static void declare_weight_slots(Model& m, Arena& A) {
     if (!m.slots) m.slots = std::make_shared<UnitSlots>();
     int64_t largest = 0;
-    for (const UnitShard& sh : m.shards) largest = std::max(largest, sh.padded);
+    for (const UnitShard& sh : m.states.shards) largest = std::max(largest, sh.padded);
     const MemCategory category = m.opt.fsdp ? MEM_COMM : MEM_MODEL;
     for (int k = 0; k < 2; k++)
         m.slots->weights[k] = A.take<bf16>((m.opt.fsdp ? "FSDP gathered unit " : "bf16 weights, unit slot ") +
@@ -646,8 +646,8 @@ static void declare_weight_slots(Model& m, Arena& A) {
     const int U = m.layout.num_units();
     m.unit_w.assign(U, nullptr);
     m.unit_g.assign(U, nullptr);
-    if (!m.opt.fsdp && m.grad)  // gradients accumulate in this GPU's whole array (--fsdp: unit buffers)
-        for (int u = 0; u < U; u++) m.unit_g[u] = m.grad + m.layout.unit_begin[u];
+    if (!m.opt.fsdp && m.states.grad)  // gradients accumulate in this GPU's whole array (--fsdp: unit buffers)
+        for (int u = 0; u < U; u++) m.unit_g[u] = m.states.grad + m.layout.unit_begin[u];
 }
 
 static void create_weight_slots(Model& m) {
@@ -655,7 +655,7 @@ static void create_weight_slots(Model& m) {
     auto event = [](cudaEvent_t* e) { CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming)); };
     event(&w.mark);  // orders the communication stream after compute
     int64_t largest = 0;
-    for (const UnitShard& sh : m.shards) largest = std::max(largest, sh.padded);
+    for (const UnitShard& sh : m.states.shards) largest = std::max(largest, sh.padded);
     for (int k = 0; k < 2; k++) {
         event(&w.slot[k].filled), event(&w.slot[k].released);
         // Zero once: the gaps between tensors are never read, but no byte of a slot is left
@@ -685,7 +685,7 @@ std::vector<ParamSegment> param_segments(const Model& m) {
         }
         // The embedding and LM head span several units.
         for (int u = t.unit; u < lay.num_units() && lay.unit_begin[u] < t.offset + t.numel(); u++) {
-            const UnitShard& sh = m.shards[u];
+            const UnitShard& sh = m.states.shards[u];
             const int64_t lo = lay.unit_begin[u] + sh.first;
             const int64_t hi = std::min(lo + sh.count, lay.unit_begin[u + 1]);  // the shard's padding is no tensor's
             const int64_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel());
@@ -748,19 +748,19 @@ static void declare_head_and_gradients(Model& m, Arena& A) {
     const LlamaConfig& c = m.cfg;
     const int64_t T = m.shape.tokens(), D = c.dim;
     // LM head and loss, m.plan.loss_rows tokens at a time.
-    m.xnf = A.take<bf16>("final norm output", MEM_OTHER, m.plan.loss_rows * D);
-    m.rstdf = A.take<float>("final rstd", MEM_OTHER, m.plan.loss_rows);
+    m.head.xnf = A.take<bf16>("final norm output", MEM_OTHER, m.plan.loss_rows * D);
+    m.head.rstdf = A.take<float>("final rstd", MEM_OTHER, m.plan.loss_rows);
     // Logits of one vocabulary piece (the widest: the whole vocabulary in one piece), and the
     // running statistics of the head's loss when it comes in several pieces (beyond/savings.cu).
     const ParamLayout& lay = m.layout;
     int64_t piece_width = 0;
     for (int p = 0; p < lay.vocab_pieces(); p++) piece_width = std::max(piece_width, lay.piece_rows(p));
-    m.logits = A.take<bf16>("logits", MEM_OTHER, m.plan.loss_rows * piece_width);
-    m.losses = A.take<float>("per-token losses", MEM_OTHER, T);
+    m.head.logits = A.take<bf16>("logits", MEM_OTHER, m.plan.loss_rows * piece_width);
+    m.head.losses = A.take<float>("per-token losses", MEM_OTHER, T);
     if (lay.vocab_pieces() > 1) {
-        m.token_lse = A.take<float>("per-token max, then log-sum-exp, of the logits", MEM_OTHER, T);
-        m.token_sumexp = A.take<float>("per-token sum of exp(logits)", MEM_OTHER, T);
-        m.target_logit = A.take<float>("per-token target logit", MEM_OTHER, T);
+        m.head.pieces.token_lse = A.take<float>("per-token max, then log-sum-exp, of the logits", MEM_OTHER, T);
+        m.head.pieces.token_sumexp = A.take<float>("per-token sum of exp(logits)", MEM_OTHER, T);
+        m.head.pieces.target_logit = A.take<float>("per-token target logit", MEM_OTHER, T);
     }
     // The residual gradient and attention's gradients span the sequence.
     m.dres = A.take<bf16>("d residual", MEM_OTHER, T * D);
@@ -779,28 +779,28 @@ static void declare_head_and_gradients(Model& m, Arena& A) {
 static void declare_chunk_work_and_inputs(Model& m, Arena& A) {
     const LlamaConfig& c = m.cfg;
     const int64_t T = m.shape.tokens(), C = m.plan.chunk_rows, F = c.ffn_dim;
-    m.dxn = A.take<bf16>("d norm output", MEM_OTHER, std::max(C, m.plan.loss_rows) * c.dim);
-    m.dh13 = A.take<bf16>("d h13", MEM_OTHER, C * 2 * F);
-    m.dact = A.take<bf16>("d act", MEM_OTHER, C * F);
-    m.norm_partial =  // the model's norms (D values) and Qwen3's per-head ones (d values) share them
+    m.chunk.dxn = A.take<bf16>("d norm output", MEM_OTHER, std::max(C, m.plan.loss_rows) * c.dim);
+    m.chunk.dh13 = A.take<bf16>("d h13", MEM_OTHER, C * 2 * F);
+    m.chunk.dact = A.take<bf16>("d act", MEM_OTHER, C * F);
+    m.work.norm_partial =  // the model's norms (D values) and Qwen3's per-head ones (d values) share them
         A.take<float>("rmsnorm dw partials", MEM_WORKSPACE, rmsnorm_partial_floats(std::max(c.dim, c.head_dim)));
     if (c.qk_norm())  // Qwen3: q|k before their norms, projected again for the norms' backward
-        m.qk_raw = A.take<bf16>("q|k before their norms (Qwen3)", MEM_OTHER, C * (c.q_dim() + c.kv_dim()));
-    m.reduce_scratch = A.take<float>("reduction scratch", MEM_WORKSPACE, sum_scratch_floats());
+        m.chunk.qk_raw = A.take<bf16>("q|k before their norms (Qwen3)", MEM_OTHER, C * (c.q_dim() + c.kv_dim()));
+    m.work.reduce = A.take<float>("reduction scratch", MEM_WORKSPACE, sum_scratch_floats());
     m.scalars = A.take<float>("step scalars", MEM_WORKSPACE, 4);
 
-    m.tokens = A.take<int32_t>("tokens", MEM_OTHER, T);
-    m.targets = A.take<int32_t>("targets", MEM_OTHER, T);
+    m.batch.tokens = A.take<int32_t>("tokens", MEM_OTHER, T);
+    m.batch.targets = A.take<int32_t>("targets", MEM_OTHER, T);
     const int64_t max_groups = std::min<int64_t>(T, c.vocab);
-    m.emb_group_token = A.take<int32_t>("embedding groups", MEM_OTHER, max_groups);
-    m.emb_group_begin = A.take<int64_t>("embedding group starts", MEM_OTHER, max_groups + 1);
-    m.emb_positions = A.take<int64_t>("embedding positions", MEM_OTHER, T);
+    m.batch.group_token = A.take<int32_t>("embedding groups", MEM_OTHER, max_groups);
+    m.batch.group_begin = A.take<int64_t>("embedding group starts", MEM_OTHER, max_groups + 1);
+    m.batch.positions = A.take<int64_t>("embedding positions", MEM_OTHER, T);
     m.inv_freq = A.take<double>("rope frequencies", MEM_OTHER, c.head_dim / 2);
     if (m.opt.doc_mask) {  // the step's documents: their starts and first positions
-        m.doc_start = A.take<int64_t>("document starts", MEM_OTHER, m.opt.max_docs);
-        m.doc_first_position = A.take<int64_t>("document first positions", MEM_OTHER, m.opt.max_docs);
+        m.docs.start = A.take<int64_t>("document starts", MEM_OTHER, m.opt.max_docs);
+        m.docs.first_position = A.take<int64_t>("document first positions", MEM_OTHER, m.opt.max_docs);
     }
-    m.gemm_workspace = A.take_bytes("cuBLASLt workspace", MEM_WORKSPACE, m.gemm_workspace_bytes);
+    m.work.gemm = A.take_bytes("cuBLASLt workspace", MEM_WORKSPACE, m.work.gemm_bytes);
 }
 
 void model_declare_buffers(Model& m, Arena& A) {
@@ -855,7 +855,7 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     dm.slab_bytes = arena.total();
     arena.begin_real(dm.slab, dm.slab_bytes);
     model_declare_buffers(m, arena);
-    gemm_init(m.gemm_workspace_bytes, m.gemm_workspace);
+    gemm_init(m.work.gemm_bytes, m.work.gemm);
     // Constant tables belong to the model's setup, not to its weights.
     std::vector<double> inv = rope_inv_freq(m.cfg);
     CUDA_CHECK(cudaMemcpy(m.inv_freq, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
@@ -863,7 +863,6 @@ void model_allocate(Model& m, Arena& arena, DeviceMemory& dm, const std::string&
     if (!m.comm_params) m.comm_params = m.comm->split();
     if (!m.comm_stream) CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
     watch_create(m);
-    CUDA_CHECK(cudaMallocHost(&m.host_scalars, 4 * sizeof(float)));
     create_techniques(m);
 }
 
@@ -873,8 +872,6 @@ void model_free(Model& m, DeviceMemory& dm) {
     if (m.comm_stream) cudaStreamDestroy(m.comm_stream);
     m.comm_stream = nullptr;
     watch_destroy(m);
-    if (m.host_scalars) cudaFreeHost(m.host_scalars);
-    m.host_scalars = nullptr;
     delete m.comm_params;
     m.comm_params = nullptr;
     if (m.owns_comm) delete m.comm, m.comm = nullptr;
@@ -886,11 +883,11 @@ void model_free(Model& m, DeviceMemory& dm) {
 void model_init_weights(Model& m, uint64_t seed, cudaStream_t s) {
     // A shard holds exactly its part of the single-GPU model's weights (init_param_values).
     m.init_seed = seed;
-    CUDA_CHECK(cudaMemsetAsync(m.master, 0, m.local_params * sizeof(float), s));  // padding
-    for (const ParamSegment& seg : m.segments)
-        init_param_values(m, *seg.tensor, seg.tensor_offset, seg.count, seed, m.master + seg.local, nullptr, s);
-    CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.local_params * sizeof(float), s));
-    CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.local_params * sizeof(float), s));
+    CUDA_CHECK(cudaMemsetAsync(m.states.master, 0, m.states.count * sizeof(float), s));  // padding
+    for (const ParamSegment& seg : m.states.segments)
+        init_param_values(m, *seg.tensor, seg.tensor_offset, seg.count, seed, m.states.master + seg.local, nullptr, s);
+    CUDA_CHECK(cudaMemsetAsync(m.states.adam_m, 0, m.states.count * sizeof(float), s));
+    CUDA_CHECK(cudaMemsetAsync(m.states.adam_v, 0, m.states.count * sizeof(float), s));
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
@@ -911,30 +908,29 @@ static void set_documents(Model& m, const StepDocuments* docs, cudaStream_t s) {
         if (x > b * m.shape.seq) runtime_error("--doc-mask: every sequence's first token starts a document");
         if (x == b * m.shape.seq) b++;
     }
-    m.n_docs = n;
-    m.docs = {m.doc_start, n}, m.doc_positions = {m.doc_start, m.doc_first_position, n};
-    CUDA_CHECK(cudaMemcpyAsync(m.doc_start, docs->start.data(), n * 8, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(m.doc_first_position, docs->first_position.data(), n * 8, cudaMemcpyHostToDevice, s));
+    m.docs.attention = {m.docs.start, n}, m.docs.positions = {m.docs.start, m.docs.first_position, n};
+    CUDA_CHECK(cudaMemcpyAsync(m.docs.start, docs->start.data(), n * 8, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(m.docs.first_position, docs->first_position.data(), n * 8, cudaMemcpyHostToDevice, s));
 }
 
 void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cudaStream_t s, int64_t n_valid,
                      const StepDocuments* docs) {
     const int64_t T = m.shape.tokens();
     if (m.opt.doc_mask) set_documents(m, docs, s);
-    CUDA_CHECK(cudaMemcpyAsync(m.tokens, tokens, T * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(m.targets, targets, T * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-    EmbeddingGroups& g = m.emb_groups;
+    CUDA_CHECK(cudaMemcpyAsync(m.batch.tokens, tokens, T * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(m.batch.targets, targets, T * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    EmbeddingGroups& g = m.batch.groups;
     g.build(tokens, T);
-    CUDA_CHECK(cudaMemcpyAsync(m.emb_group_token, g.token.data(), g.token.size() * sizeof(int32_t),
+    CUDA_CHECK(cudaMemcpyAsync(m.batch.group_token, g.token.data(), g.token.size() * sizeof(int32_t),
                                cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(m.emb_group_begin, g.begin.data(), g.begin.size() * sizeof(int64_t),
+    CUDA_CHECK(cudaMemcpyAsync(m.batch.group_begin, g.begin.data(), g.begin.size() * sizeof(int64_t),
                                cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(m.emb_positions, g.position.data(), T * sizeof(int64_t),
+    CUDA_CHECK(cudaMemcpyAsync(m.batch.positions, g.position.data(), T * sizeof(int64_t),
                                cudaMemcpyHostToDevice, s));
-    m.n_valid_targets = n_valid;
+    m.batch.n_valid_targets = n_valid;
     if (n_valid < 0) {
-        m.n_valid_targets = 0;
-        for (int64_t t = 0; t < T; t++) m.n_valid_targets += targets[t] >= 0;
+        m.batch.n_valid_targets = 0;
+        for (int64_t t = 0; t < T; t++) m.batch.n_valid_targets += targets[t] >= 0;
     }
     // The copies above read host memory that the caller may reuse: finish them now.
     CUDA_CHECK(cudaStreamSynchronize(s));

@@ -145,28 +145,77 @@ struct ParamSegment {
     int64_t tensor_offset;
 };
 
+// Model states (category "model"; llama.cu): this GPU's parameters, all of them (param_layout
+// offsets) or, under --fsdp, its shard of every unit (fsdp.cu); `count` elements each.
+struct ModelStates {
+    float *master = nullptr, *grad = nullptr, *adam_m = nullptr, *adam_v = nullptr;
+    int64_t count = 0;
+    std::vector<UnitShard> shards;       // where each unit's model states lie
+    std::vector<ParamSegment> segments;  // what of each tensor they hold (param_segments)
+};
+
+// --vocab-pieces (stage 7, beyond/savings.cu): the LM head in vocabulary pieces keeps, per token,
+// the running max of its logits (then their log-sum-exp), the running sum of exponentials, and
+// the target's logit. [T] each; none with the vocabulary in one piece.
+struct HeadPieces {
+    float *token_lse = nullptr, *token_sumexp = nullptr, *target_logit = nullptr;
+};
+
+// The LM head and loss, m.plan.loss_rows tokens at a time.
+struct HeadBuffers {
+    bf16 *xnf = nullptr, *logits = nullptr;  // [loss_rows, D], [loss_rows, V] (one vocabulary piece's columns)
+    float *rstdf = nullptr, *losses = nullptr;  // [loss_rows], and every token's loss [T]
+    HeadPieces pieces;
+};
+
+// The backward's work buffers of one token chunk (all T tokens without --chunked).
+struct ChunkGradients {
+    bf16 *dxn = nullptr, *dh13 = nullptr, *dact = nullptr;  // d norm output [C, D], d h13, d act
+    bf16* qk_raw = nullptr;  // Qwen3: q|k before their norms, projected again [C, (Hq+Hkv) d]
+};
+
+// Scratch of the reductions and the matrix products.
+struct Workspace {
+    float *norm_partial = nullptr, *reduce = nullptr;  // rmsnorm weight-gradient partials; sums
+    void* gemm = nullptr;                              // cuBLASLt's
+    size_t gemm_bytes = 32u << 20;
+};
+
+// The step's inputs on this GPU (model_set_batch): tokens and targets [T], and the embedding
+// backward's grouping of the tokens (kernels/kernels.h), on the host and on the device.
+struct StepBatch {
+    int32_t *tokens = nullptr, *targets = nullptr;
+    int64_t n_valid_targets = 0;  // targets != -1 in this step's batch (the loss is their mean)
+    EmbeddingGroups groups;
+    int32_t* group_token = nullptr;
+    int64_t *group_begin = nullptr, *positions = nullptr;
+};
+
+// --doc-mask: the step's documents on the device (model_set_batch), in the flat [batch][seq] order
+// of the sequences this GPU's attention sees (under Ulysses the whole sequence): where each
+// starts and the position of its first token, as attention and RoPE take them (none without).
+struct DeviceDocuments {
+    int64_t *start = nullptr, *first_position = nullptr;  // [max_docs] each
+    AttentionDocs attention;
+    DocPositions positions;
+};
+
 struct UnitSlots;  // llama.cu
 struct Fsdp;       // fsdp.cu
 struct Ulysses;    // ulysses.cu
 struct Untied;     // ulysses.cu
 struct Offload;    // offload.cu
 struct Selective;  // beyond/selective.cu
-struct Timeline;   // infra/timeline.cu
 
 struct Model {
     LlamaConfig cfg;
     ParamLayout layout;
     RunShape shape;
     StepOptions opt;
-    ActivationPlan plan;          // how the step holds its activations (set by model_declare_buffers)
-    // Model states (category "model"): this GPU's parameters, all of them (param_layout offsets)
-    // or, under --fsdp, its shard of every unit (fsdp.cu). local_params elements each.
-    float *master = nullptr, *grad = nullptr, *adam_m = nullptr, *adam_v = nullptr;
-    int64_t local_params = 0;
-    std::vector<UnitShard> shards;       // where each unit's model states lie (UnitShard)
-    std::vector<ParamSegment> segments;  // what of each tensor they hold (param_segments)
+    ActivationPlan plan;  // how the step holds its activations (set by model_declare_buffers)
+    ModelStates states;
     // The weights and the gradient accumulation buffer of each unit as compute sees them: the
-    // unit's bf16 slot from unit_begin to unit_end; a view into grad, or (--fsdp) a per-unit
+    // unit's bf16 slot from unit_begin to unit_end; a view into the gradients, or (--fsdp) a unit
     // gradient buffer.
     std::shared_ptr<UnitSlots> slots;
     std::vector<bf16*> unit_w;
@@ -177,61 +226,37 @@ struct Model {
     Comm* comm = nullptr;         // set by the caller, or a single-GPU one made by model_allocate
     Comm* comm_params = nullptr;  // made by model_allocate (split of comm), freed by model_free
     bool owns_comm = false;
-    bool pin_host = true;  // --offload's pinned host memory; a run of no steps plans it only
-    int device_attention_layers = 0;  // =selective --offload: at most this many layers that the host
-                                      // cannot hold keep attention on the device (the cap's room)
     cudaStream_t comm_stream = nullptr;
     int world = 1;                // GPUs of the run (simulated ones included)
+    bool pin_host = true;         // --offload's pinned host memory; a run of no steps plans it only
+    int device_attention_layers = 0;  // =selective --offload: at most this many layers that the host
+                                      // cannot hold keep attention on the device (the cap's room)
     uint64_t init_seed = 0;       // the seed the weights were drawn from (model_init_weights)
-    double comm_timeout_s = 600;  // a wait that sees no progress for this long ends the run
-    // The step's phases (infra/timeline.h): a wait resets its timeout whenever one more has
-    // completed, so a long step is not a hung one. Host-pinned scalars: copies of them are
-    // asynchronous, so every wait goes through the watchdog.
-    StepWatch watch;
+    StepWatch watch;              // the step's phases, the watchdog, --timeline (infra/timeline.h)
     int64_t saved_per_layer[MEM_NUM_CATEGORIES] = {};  // one layer's kept activations (--mem-trace)
     bool forward_only = false;  // within model_forward_loss: no backward follows the forward
-    float* host_scalars = nullptr;
     // The techniques' own state and buffers; null when the technique is off.
     std::shared_ptr<Fsdp> fsdp;        // the unit gradient buffers (fsdp.cu)
     std::shared_ptr<Ulysses> ulysses;  // all-to-all staging, head-sharded buffers (ulysses.cu)
     std::shared_ptr<Untied> untied;    // one head chunk's buffers (ulysses.cu, Untied Ulysses)
     Offload* offload = nullptr;        // pinned host copies of the block inputs and their stream (offload.cu)
     Selective* selective = nullptr;    // pinned host copies of attention outputs (beyond/selective.cu)
-    Timeline* timeline = nullptr;      // --timeline's events (infra/timeline.cu)
     // Activations
     std::vector<LayerActivations> layers;
-    bf16* x_final = nullptr;      // [T, D] output of the last layer
-    bf16 *xnf = nullptr, *logits = nullptr;   // [loss_rows, D], [loss_rows, V] (one vocabulary piece's columns)
-    float *rstdf = nullptr, *losses = nullptr;
-    // The LM head in vocabulary pieces: per token, the running max of its logits (then their
-    // log-sum-exp), the running sum of exponentials, and the target's logit. [T] each.
-    float *token_lse = nullptr, *token_sumexp = nullptr, *target_logit = nullptr;
+    bf16* x_final = nullptr;  // [T, D] output of the last layer
+    HeadBuffers head;
     // Backward. The residual gradient and attention's gradients span all tokens (attention's
     // backward needs all of them); the rest holds one chunk.
-    bf16 *dres = nullptr;         // [T, D] d loss / d residual stream, which every branch adds into
+    bf16* dres = nullptr;                   // [T, D] d loss / d residual stream, which every branch adds into
     bf16 *dqkv = nullptr, *datt = nullptr;  // [T, qkv_dim], [T, Hq d]
-    float* delta = nullptr;       // [B, Hq, S] rowsum(d out * out) (Ulysses: this GPU's heads)
-    float* dq_accum = nullptr;    // --attention fused: the fp32 dQ sums of one attention call
-    bf16 *dxn = nullptr, *dh13 = nullptr, *dact = nullptr;
-    bf16* qk_raw = nullptr;       // Qwen3: q|k of one token chunk before their norms, projected again [C, (Hq+Hkv) d]
-    float *norm_partial = nullptr, *reduce_scratch = nullptr;
-    float *scalars = nullptr;     // [0] loss sum, [1] grad sum of squares, [2] clip scale
-    // Inputs
-    int32_t *tokens = nullptr, *targets = nullptr;
-    int64_t n_valid_targets = 0;  // targets != -1 in this step's batch (the loss is their mean)
-    // --doc-mask: the step's documents in the flat [batch][seq] order of the sequences this GPU's
-    // attention sees (under Ulysses the whole sequence): where each starts, the position of its
-    // first token; n_docs of them (model_set_batch).
-    int64_t *doc_start = nullptr, *doc_first_position = nullptr;
-    int64_t n_docs = 0;
-    AttentionDocs docs;           // the documents as attention takes them (none without --doc-mask)
-    DocPositions doc_positions;   // and as RoPE takes them
-    EmbeddingGroups emb_groups;   // host side of the embedding backward's grouping
-    int32_t* emb_group_token = nullptr;
-    int64_t *emb_group_begin = nullptr, *emb_positions = nullptr;
-    double* inv_freq = nullptr;
-    void* gemm_workspace = nullptr;
-    size_t gemm_workspace_bytes = 32u << 20;
+    float* delta = nullptr;     // [B, Hq, S] rowsum(d out * out) (Ulysses: this GPU's heads)
+    float* dq_accum = nullptr;  // --attention fused: the fp32 dQ sums of one attention call
+    ChunkGradients chunk;
+    Workspace work;
+    float* scalars = nullptr;  // [0] loss sum, [1] grad sum of squares, [2] clip scale (watch.host_scalars: their copy)
+    StepBatch batch;
+    DeviceDocuments docs;
+    double* inv_freq = nullptr;  // RoPE's frequencies [head_dim / 2]
 
     const ParamTensor& param(ParamKind k, int layer = -1) const { return layout.find(k, layer); }
     // A tensor that lies in one unit (the embedding and LM head in several pieces: w_piece).
@@ -285,7 +310,7 @@ void model_set_batch(Model& m, const int32_t* tokens, const int32_t* targets, cu
 // progress (may be null) is called after each layer with (phase "forward"/"backward", layer index).
 void model_forward_backward(Model& m, cudaStream_t s, ProgressFn progress = nullptr,
                             void* progress_ctx = nullptr);
-// The forward and the loss alone (evaluation): per-token losses in m.losses, as a step's; no
+// The forward and the loss alone (evaluation): per-token losses in m.head.losses, as a step's; no
 // gradients (they are zeroed). Between steps only.
 void model_forward_loss(Model& m, cudaStream_t s);
 // Gradient clipping and AdamW over all parameters. Returns nothing (grad norm in scalars[1]).
@@ -299,7 +324,7 @@ double model_step_flops(const LlamaConfig& cfg, const RunShape& shape, double at
 double document_attention_share(const StepDocuments& docs, int64_t seq, int batch);
 // The units (infra/common.h param_layout) in the order the step uses their weights.
 std::vector<int> model_unit_order(const Model& m);
-// This GPU's parameters as pieces of tensors (m.segments), from m.shards.
+// This GPU's parameters as pieces of tensors (m.states.segments), from m.states.shards.
 std::vector<ParamSegment> param_segments(const Model& m);
 
 // The weights in use (llama.cu). Unit u's bf16 weights (m.w, m.w_piece) are readable on the compute

@@ -57,12 +57,12 @@ static void train_steps(Run& r, SyntheticData& data, int first_step) {
         }
         model_optimizer_step(m, opt, (float)o.grad_clip, r.stream);
         CUDA_CHECK(cudaEventRecord(ev1, r.stream));
-        CUDA_CHECK(cudaMemcpyAsync(m.host_scalars, m.scalars, 3 * sizeof(float), cudaMemcpyDeviceToHost, r.stream));
+        CUDA_CHECK(cudaMemcpyAsync(m.watch.host_scalars, m.scalars, 3 * sizeof(float), cudaMemcpyDeviceToHost, r.stream));
         model_sync(m, r.stream);  // host-pinned target: the copy is asynchronous, the wait is watched
         float ms = 0;
         CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
-        const StepReport s{step + 1, n_valid > 0 ? m.host_scalars[0] / n_valid : 0.0, opt.lr,
-                           std::sqrt(m.host_scalars[1]), ms / 1000.0,
+        const StepReport s{step + 1, n_valid > 0 ? m.watch.host_scalars[0] / n_valid : 0.0, opt.lr,
+                           std::sqrt(m.watch.host_scalars[1]), ms / 1000.0,
                            o.step.doc_mask ? document_attention_share(docs, o.seq_len, m.shape.batch) : 1.0};
         last_step_s = s.seconds, r.last_loss = s.loss;
         if (!std::isfinite(s.loss) && !r.simulated) runtime_error("loss is not finite at step " + std::to_string(s.step));

@@ -292,7 +292,7 @@ void ulysses_attention_forward(Model& m, int l, cudaStream_t s) {
     const int64_t qd = (int64_t)g.q * g.d;
     const AttentionForwardArgs fa{.q = a.qkv, .k = a.qkv + qd, .v = a.qkv + qd + (int64_t)g.kv * g.d, .ldq = g.WH,
                                   .ldk = g.WH, .ldv = g.WH, .out = u.heads_out, .ldo = qd, .lse = a.lse,
-                                  .docs = m.docs};
+                                  .docs = m.docs.attention};
     layer_attention_forward(m, l, fa, ulysses_attention_shape(m), s);
     // Head-sharded output -> token-sharded a.att [T, Hq d]: rows of GPU j's tokens go to GPU j.
     layer_all_to_all(m, l, u.receive, u.heads_out, g.T * qd, DType::BF16, s);
@@ -319,7 +319,7 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
                                    .dout = u.heads_out, .ldq = g.WH, .ldk = g.WH, .ldv = g.WH, .ldo = 0, .lddo = qd,
                                    .lse = a.lse, .dq = u.heads_dqkv, .dk = u.heads_dqkv + qd,
                                    .dv = u.heads_dqkv + qd + kvd, .lddq = g.WH, .lddk = g.WH, .lddv = g.WH,
-                                   .delta = m.delta, .dq_accum = m.dq_accum, .docs = m.docs};
+                                   .delta = m.delta, .dq_accum = m.dq_accum, .docs = m.docs.attention};
     layer_attention_backward(m, l, ba, ulysses_attention_shape(m), s);
     // Head-sharded dq, dk, dv -> token-sharded d q|k|v [T, QKV] in the send staging (replicated
     // KV heads summed), where qkv_backward reads it.
@@ -405,10 +405,10 @@ void untied_project(Model& m, const Untied& p, int l, int i, cudaStream_t s) {
         bf16* k = p.kv_send + (int64_t)j * p.T * 2 * kvw;
         qk_norm_forward(m, l, q, w, p.K, kv ? k : nullptr, 2 * kvw, p.kv, p.T, s);  // Qwen3: per head, before RoPE
         rope_apply(q, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w, m.inv_freq, false, s,
-                   m.doc_positions);
+                   m.docs.positions);
         if (kv)
             rope_apply(k, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv, (int)p.d, 2 * kvw, m.inv_freq, false,
-                       s, m.doc_positions);
+                       s, m.docs.positions);
     }
     chunk_all_to_all(m, p, l, p.heads_q, p.send, p.T * w, DType::BF16, s);
     if (kv) chunk_all_to_all(m, p, l, p.heads_kv, p.kv_send, p.T * 2 * kvw, DType::BF16, s);
@@ -493,7 +493,7 @@ void untied_attention_forward(Model& m, int l, cudaStream_t s) {
         untied_project(m, p, l, i, s);
         const AttentionForwardArgs fa{.q = p.heads_q, .k = p.heads_kv, .v = p.heads_kv + kvw, .ldq = w, .ldk = 2 * kvw,
                                       .ldv = 2 * kvw, .out = p.heads_out, .ldo = w, .lse = a.lse + (int64_t)i * p.K * p.S,
-                                      .docs = m.docs};
+                                      .docs = m.docs.attention};
         layer_attention_forward(m, l, fa, chunk_shape(p), s);
         // Back to token-sharded, into chunk i's columns of every GPU's share of the output.
         chunk_all_to_all(m, p, l, p.receive, p.heads_out, p.T * w, DType::BF16, s);
@@ -541,7 +541,7 @@ void chunk_attention_backward(Model& m, const Untied& p, int l, int i, cudaStrea
                                    .lse = m.layers[l].lse + (int64_t)i * p.K * p.S, .dq = p.heads_dq,
                                    .dk = p.heads_dkv, .dv = p.heads_dkv + kvw, .lddq = w, .lddk = 2 * kvw,
                                    .lddv = 2 * kvw, .delta = p.heads_delta, .accumulate_dkv = !p.new_kv(i),
-                                   .dq_accum = m.dq_accum, .docs = m.docs};
+                                   .dq_accum = m.dq_accum, .docs = m.docs.attention};
     layer_attention_backward(m, l, ba, chunk_shape(p), s);
 }
 
@@ -555,11 +555,11 @@ void chunk_qk_norm_backward(Model& m, const Untied& p, int l, int i, bool kv_don
     const bf16* Wqkv = m.w(P_WQKV, l);
     for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16* xn) {
         for (int j = 0; j < p.sp; j++) {
-            linear_forward(m.qk_raw, xn, Wqkv + q_row(c, p.q_first(j, i)) * p.D, nullptr, n, p.D, w, s);
-            head_norm_backward(m, P_Q_NORM, l, p.receive + ((int64_t)j * p.T + t0) * w, w, m.qk_raw, w, p.K, n, s);
+            linear_forward(m.chunk.qk_raw, xn, Wqkv + q_row(c, p.q_first(j, i)) * p.D, nullptr, n, p.D, w, s);
+            head_norm_backward(m, P_Q_NORM, l, p.receive + ((int64_t)j * p.T + t0) * w, w, m.chunk.qk_raw, w, p.K, n, s);
             if (!kv_done) continue;
-            linear_forward(m.qk_raw, xn, Wqkv + k_row(c, p.kv_first(j, i)) * p.D, nullptr, n, p.D, kvw, s);
-            head_norm_backward(m, P_K_NORM, l, p.kv_send + ((int64_t)j * p.T + t0) * 2 * kvw, 2 * kvw, m.qk_raw, kvw,
+            linear_forward(m.chunk.qk_raw, xn, Wqkv + k_row(c, p.kv_first(j, i)) * p.D, nullptr, n, p.D, kvw, s);
+            head_norm_backward(m, P_K_NORM, l, p.kv_send + ((int64_t)j * p.T + t0) * 2 * kvw, 2 * kvw, m.chunk.qk_raw, kvw,
                                p.kv, n, s);
         }
     }, s);
@@ -582,10 +582,10 @@ void chunk_input_gradients(Model& m, const Untied& p, int l, int i, bf16* dxn1, 
     if (kv_done) chunk_all_to_all(m, p, l, p.kv_send, p.heads_dkv, p.T * 2 * kvw, DType::BF16, s);
     for (int j = 0; j < p.sp; j++) {
         rope_apply(p.receive + (int64_t)j * p.T * w, p.T, 0, m.shape.seq, m.shape.first_position(), p.K, (int)p.d, w,
-                   m.inv_freq, true, s, m.doc_positions);
+                   m.inv_freq, true, s, m.docs.positions);
         if (kv_done)
             rope_apply(p.kv_send + (int64_t)j * p.T * 2 * kvw, p.T, 0, m.shape.seq, m.shape.first_position(), p.kv,
-                       (int)p.d, 2 * kvw, m.inv_freq, true, s, m.doc_positions);
+                       (int)p.d, 2 * kvw, m.inv_freq, true, s, m.docs.positions);
     }
     chunk_qk_norm_backward(m, p, l, i, kv_done, s);  // Qwen3: through the per-head norms
     for (int j = 0; j < p.sp; j++) {
@@ -633,7 +633,7 @@ void untied_attention_backward(Model& m, int l, cudaStream_t s) {
     const int64_t D = p.D;
     for_each_normalized_chunk(m, l, [&](int64_t t0, int64_t n, const bf16*) {
         rmsnorm_backward(m.dres + t0 * D, m.g(P_ATTN_NORM, l), dxn1 + t0 * D, a.x_in + t0 * D,
-                         m.w(P_ATTN_NORM, l), a.rstd1, n, (int)D, true, m.norm_partial, s);
+                         m.w(P_ATTN_NORM, l), a.rstd1, n, (int)D, true, m.work.norm_partial, s);
     }, s);
 }
 

@@ -72,13 +72,13 @@ static void head_loss_pass(Model& m, cudaStream_t s) {
         unit_begin(m, m.piece_unit(head, p), WEIGHTS, s);
         for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
             final_norm_forward(m, t0, n, s);
-            linear_forward(m.logits, m.xnf, m.w_piece(head, p), nullptr, n, m.cfg.dim, V, s);
-            cross_entropy_piece_stats(m.logits, n, (int)V, v0, m.targets + t0, m.token_lse + t0, m.token_sumexp + t0,
-                                      m.target_logit + t0, p == 0, s);
+            linear_forward(m.head.logits, m.head.xnf, m.w_piece(head, p), nullptr, n, m.cfg.dim, V, s);
+            cross_entropy_piece_stats(m.head.logits, n, (int)V, v0, m.batch.targets + t0, m.head.pieces.token_lse + t0, m.head.pieces.token_sumexp + t0,
+                                      m.head.pieces.target_logit + t0, p == 0, s);
         });
         unit_end(m, m.piece_unit(head, p), WEIGHTS, s);
     }
-    cross_entropy_piece_loss(m.losses, m.token_lse, m.token_sumexp, m.target_logit, m.targets, m.shape.tokens(), s);
+    cross_entropy_piece_loss(m.head.losses, m.head.pieces.token_lse, m.head.pieces.token_sumexp, m.head.pieces.target_logit, m.batch.targets, m.shape.tokens(), s);
 }
 
 static void head_backward_pass(Model& m, cudaStream_t s) {
@@ -92,12 +92,12 @@ static void head_backward_pass(Model& m, cudaStream_t s) {
         for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {
             bf16* dxn = m.dres + t0 * D;  // d norm(x) of the chunk, summed over the pieces
             final_norm_forward(m, t0, n, s);
-            linear_forward(m.logits, m.xnf, m.w_piece(head, p), nullptr, n, D, V, s);
-            cross_entropy_piece_backward(m.logits, n, (int)V, v0, m.token_lse + t0, m.targets + t0,
+            linear_forward(m.head.logits, m.head.xnf, m.w_piece(head, p), nullptr, n, D, V, s);
+            cross_entropy_piece_backward(m.head.logits, n, (int)V, v0, m.head.pieces.token_lse + t0, m.batch.targets + t0,
                                          loss_grad_scale(m), s);
-            gemm_rm(false, false, n, D, V, m.logits, V, m.w_piece(head, p), D, dxn, D, false, 1.f, p == 0 ? 0.f : 1.f,
+            gemm_rm(false, false, n, D, V, m.head.logits, V, m.w_piece(head, p), D, dxn, D, false, 1.f, p == 0 ? 0.f : 1.f,
                     dxn, s);
-            linear_backward_weight(m.g_piece(head, p), m.logits, m.xnf, n, D, V, s);
+            linear_backward_weight(m.g_piece(head, p), m.head.logits, m.head.xnf, n, D, V, s);
         });
         unit_end(m, u, WEIGHTS_AND_GRADIENTS, s, !m.cfg.tied_embeddings);  // tied: the lookup adds the rest at the end
     }
@@ -110,8 +110,8 @@ void lm_head_in_pieces(Model& m, bool backward, cudaStream_t s) {
     const int64_t D = m.cfg.dim;
     for_each_loss_chunk(m, [&](int64_t t0, int64_t n) {  // dres: d norm(x) -> d x_final
         final_norm_forward(m, t0, n, s);
-        CUDA_CHECK(cudaMemcpyAsync(m.dxn, m.dres + t0 * D, n * D * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
-        final_norm_backward(m, t0, n, m.dxn, s);
+        CUDA_CHECK(cudaMemcpyAsync(m.chunk.dxn, m.dres + t0 * D, n * D * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+        final_norm_backward(m, t0, n, m.chunk.dxn, s);
     });
 }
 

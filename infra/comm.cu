@@ -557,10 +557,10 @@ void model_sync(Model& m, cudaStream_t s) {
             forward_done++;
             t0 = std::chrono::steady_clock::now();
         }
-        if (seconds_since(t0) > m.comm_timeout_s) {
+        if (seconds_since(t0) > m.watch.timeout_s) {
             for (Comm* c : {m.comm, m.comm_params})
                 if (c) c->abort();
-            runtime_error("no progress for " + std::to_string((int)m.comm_timeout_s) +
+            runtime_error("no progress for " + std::to_string((int)m.watch.timeout_s) +
                           " s: a peer GPU stopped answering (see --comm-timeout-s)");
         }
         if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(200));

@@ -71,7 +71,7 @@ static PositionLosses sum_over_ranks(Model& m, const PositionLosses& mine, cudaS
     CUDA_CHECK(cudaMemcpyAsync(dev, mine.sum, n * sizeof(double), cudaMemcpyHostToDevice, s));  // sum, count adjacent
     m.comm->all_gather(dev + n, dev, 2 * n, DType::F32, s);
     CUDA_CHECK(cudaMemcpyAsync(all.data(), dev + n, all.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
-    comm_sync(m.comm, s, m.comm_timeout_s);
+    comm_sync(m.comm, s, m.watch.timeout_s);
     CUDA_CHECK(cudaFree(dev));
     PositionLosses total;
     for (int r = 0; r < m.world; r++)
@@ -94,7 +94,7 @@ PositionLosses evaluate(Model& m, const EvalSet& e, int rank, cudaStream_t s) {
         if (e.doc_mask) mine = documents_of_rank(docs, m.shape.sp > 1, rank, T);
         model_set_batch(m, tokens.data() + rank * T, targets.data() + rank * T, s, -1, e.doc_mask ? &mine : nullptr);
         model_forward_loss(m, s);
-        CUDA_CHECK(cudaMemcpyAsync(losses.data(), m.losses, T * sizeof(float), cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaMemcpyAsync(losses.data(), m.head.losses, T * sizeof(float), cudaMemcpyDeviceToHost, s));
         model_sync(m, s);
         for (int64_t t = 0; t < T; t++) {
             const int64_t g = rank * T + t;

@@ -486,7 +486,7 @@ static void open_gpu(Run& r) {
         m.comm = r.simulated ? comm_fake(r.world, &m) : comm_single();
     m.owns_comm = true;
     m.comm_params = m.comm->split();
-    m.comm_timeout_s = o.comm_timeout_s;
+    m.watch.timeout_s = o.comm_timeout_s;
     CUDA_CHECK(cudaStreamCreateWithFlags(&m.comm_stream, cudaStreamNonBlocking));
     warm_up(m.comm, r.stream, o.comm_timeout_s);  // each on the stream the step uses it on
     warm_up(m.comm_params, m.comm_stream, o.comm_timeout_s);
@@ -720,9 +720,9 @@ void report_step(const Run& r, const StepReport& s, const SyntheticData& data) {
 // --dump: the first step's loss and every gradient, whole (a collective under --fsdp).
 void dump_first_step(Run& r, int64_t n_valid) {
     Model& m = r.m;
-    CUDA_CHECK(cudaMemcpyAsync(m.host_scalars, m.scalars, 4, cudaMemcpyDeviceToHost, r.stream));
+    CUDA_CHECK(cudaMemcpyAsync(m.watch.host_scalars, m.scalars, 4, cudaMemcpyDeviceToHost, r.stream));
     model_sync(m, r.stream);
-    const float loss_sum = m.host_scalars[0];
+    const float loss_sum = m.watch.host_scalars[0];
     std::vector<float> grads = fsdp_full_gradients(m, r.stream);
     if (r.lead) write_dump(r.o.dump_path, loss_sum / (double)n_valid, grads);
 }

@@ -34,14 +34,14 @@ struct Timeline {
 };
 
 void timeline_enable(Model& m) {
-    if (!m.timeline) m.timeline = new Timeline();
+    if (!m.watch.timeline) m.watch.timeline = new Timeline();
 }
 
 void timeline_destroy(Model& m) {
-    if (!m.timeline) return;
-    for (cudaEvent_t e : m.timeline->pool) cudaEventDestroy(e);
-    delete m.timeline;
-    m.timeline = nullptr;
+    if (!m.watch.timeline) return;
+    for (cudaEvent_t e : m.watch.timeline->pool) cudaEventDestroy(e);
+    delete m.watch.timeline;
+    m.watch.timeline = nullptr;
 }
 
 // An event from the pool, recorded on s now.
@@ -55,8 +55,8 @@ static int record(Timeline& t, cudaStream_t s) {
 }
 
 void timeline_step_begin(Model& m, cudaStream_t s) {
-    if (!m.timeline) return;
-    Timeline& t = *m.timeline;
+    if (!m.watch.timeline) return;
+    Timeline& t = *m.watch.timeline;
     t.used = 0;
     t.marks.clear();
     t.step_start = record(t, s);
@@ -64,19 +64,19 @@ void timeline_step_begin(Model& m, cudaStream_t s) {
 }
 
 void timeline_step_end(Model& m) {
-    if (m.timeline) m.timeline->in_step = false;
+    if (m.watch.timeline) m.watch.timeline->in_step = false;
 }
 
 TimelineMark::TimelineMark(Model& m, cudaStream_t s, const char* stream, const char* what, int layer, int64_t bytes)
     : m_(m), s_(s), stream_(stream), what_(what), layer_(layer), begin_(-1), bytes_(bytes) {
-    if (m.timeline && m.timeline->in_step) begin_ = record(*m.timeline, s);
+    if (m.watch.timeline && m.watch.timeline->in_step) begin_ = record(*m.watch.timeline, s);
 }
 
 // The end is recorded as the scope closes, also when an error unwinds it; an error here is not
 // thrown from a destructor: the next CUDA call of the step reports it.
 TimelineMark::~TimelineMark() {
-    if (begin_ < 0 || !m_.timeline) return;
-    Timeline& t = *m_.timeline;
+    if (begin_ < 0 || !m_.watch.timeline) return;
+    Timeline& t = *m_.watch.timeline;
     if (t.used == t.pool.size()) {
         t.pool.push_back(nullptr);
         if (cudaEventCreate(&t.pool.back()) != cudaSuccess) {
@@ -90,8 +90,8 @@ TimelineMark::~TimelineMark() {
 
 std::vector<TimelineEntry> timeline_read(Model& m) {
     std::vector<TimelineEntry> out;
-    if (!m.timeline || m.timeline->step_start < 0) return out;
-    Timeline& t = *m.timeline;
+    if (!m.watch.timeline || m.watch.timeline->step_start < 0) return out;
+    Timeline& t = *m.watch.timeline;
     CUDA_CHECK(cudaDeviceSynchronize());  // reporting, after the step: not on the step's path
     cudaEvent_t t0 = t.pool[t.step_start];
     for (const Timeline::Mark& mk : t.marks) {
@@ -111,12 +111,17 @@ void watch_create(Model& m) {
     for (auto& e : w.step) CUDA_CHECK(cudaEventCreate(&e));  // timed: --mem-trace reads them
     w.forward.resize(m.cfg.n_layers + 1);  // model_forward_loss: each layer, the head
     for (auto& e : w.forward) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_CHECK(cudaMallocHost(&w.host_scalars, 4 * sizeof(float)));
 }
 
-void watch_destroy(Model& m) {
-    for (auto& e : m.watch.step) cudaEventDestroy(e);
-    for (auto& e : m.watch.forward) cudaEventDestroy(e);
-    m.watch = StepWatch();
+void watch_destroy(Model& m) {  // --timeline's own are timeline_destroy's
+    StepWatch& w = m.watch;
+    for (auto& e : w.step) cudaEventDestroy(e);
+    for (auto& e : w.forward) cudaEventDestroy(e);
+    w.step.clear(), w.forward.clear();
+    w.step_recorded = w.forward_recorded = 0;
+    if (w.host_scalars) cudaFreeHost(w.host_scalars);
+    w.host_scalars = nullptr;
 }
 
 // Records the next event of the step's (or the forward's) list, while it has room. An error is

@@ -47,7 +47,12 @@ std::vector<TimelineEntry> timeline_read(Model& m);
 // The step's progress: an event as each phase ends (each layer's forward and backward turn, the
 // head), which model_sync's watchdog and --mem-trace read, and the run's progress line.
 typedef void (*ProgressFn)(void* ctx, const char* phase, int layer);  // phase "forward" or "backward"
+struct Timeline;  // --timeline's events (infra/timeline.cu)
 struct StepWatch {
+    Timeline* timeline = nullptr;      // --timeline's, or none
+    double timeout_s = 600;            // a wait that sees no progress for this long ends the run
+    float* host_scalars = nullptr;     // pinned: the step's scalars, copied asynchronously (every wait
+                                       // goes through the watchdog)
     std::vector<cudaEvent_t> step;     // the last step's: its start, then each phase's end (timed)
     int step_recorded = 0;
     std::vector<cudaEvent_t> forward;  // model_forward_loss's, apart: the last step's stay for --mem-trace

@@ -297,8 +297,8 @@ std::vector<float> read_hf_weights(const Model& m, const std::string& path) {
     HfCheckpoint ck;
     open_hf_checkpoint(m, path, ck);
     std::map<std::string, StTensor>& tensors = ck.tensors;
-    std::vector<float> local(m.local_params, 0.f);
-    for (const ParamSegment& seg : m.segments) {
+    std::vector<float> local(m.states.count, 0.f);
+    for (const ParamSegment& seg : m.states.segments) {
         const ParamTensor& t = *seg.tensor;
         const int64_t e0 = seg.tensor_offset, e1 = e0 + seg.count;
         for (const HfPiece& p : hf_pieces(m.cfg, t)) {
@@ -312,9 +312,9 @@ std::vector<float> read_hf_weights(const Model& m, const std::string& path) {
 
 void load_hf_checkpoint(Model& m, const std::string& path, cudaStream_t s) {
     std::vector<float> local = read_hf_weights(m, path);
-    CUDA_CHECK(cudaMemcpyAsync(m.master, local.data(), m.local_params * sizeof(float), cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemsetAsync(m.adam_m, 0, m.local_params * sizeof(float), s));
-    CUDA_CHECK(cudaMemsetAsync(m.adam_v, 0, m.local_params * sizeof(float), s));
+    CUDA_CHECK(cudaMemcpyAsync(m.states.master, local.data(), m.states.count * sizeof(float), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemsetAsync(m.states.adam_m, 0, m.states.count * sizeof(float), s));
+    CUDA_CHECK(cudaMemsetAsync(m.states.adam_v, 0, m.states.count * sizeof(float), s));
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
@@ -391,7 +391,7 @@ void write_hf_checkpoint(const std::string& dir, const LlamaConfig& c, const Par
 
 void save_hf_checkpoint(Model& m, const std::string& dir, bool bf16, cudaStream_t s) {
     write_hf_checkpoint(dir, m.cfg, m.layout, bf16, m.comm->rank == 0,
-                        [&](int u) { return fsdp_gather_unit(m, m.master, u, s); });
+                        [&](int u) { return fsdp_gather_unit(m, m.states.master, u, s); });
 }
 
 // =============================================================================================
@@ -442,13 +442,13 @@ void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t d
     if (rank != 0) make_dirs(step_dir);
     StateHeader h;
     h.step = step, h.data_state = (int64_t)data_state, h.world = m.world, h.rank = rank, h.fsdp = m.opt.fsdp;
-    h.local_params = m.local_params, h.layout_total = m.layout.total;
+    h.local_params = m.states.count, h.layout_total = m.layout.total;
     h.dim = m.cfg.dim, h.layers = m.cfg.n_layers, h.vocab = m.cfg.vocab, h.vocab_pieces = m.layout.vocab_pieces();
-    std::vector<float> buf(m.local_params);
+    std::vector<float> buf(m.states.count);
     AtomicFile f(step_dir + "/rank-" + std::to_string(rank) + ".state");
     f.write(&h, sizeof h);
-    for (float* arr : {m.master, m.adam_m, m.adam_v}) {
-        CUDA_CHECK(cudaMemcpy(buf.data(), arr, m.local_params * sizeof(float), cudaMemcpyDeviceToHost));
+    for (float* arr : {m.states.master, m.states.adam_m, m.states.adam_v}) {
+        CUDA_CHECK(cudaMemcpy(buf.data(), arr, m.states.count * sizeof(float), cudaMemcpyDeviceToHost));
         f.write(buf.data(), buf.size() * sizeof(float));
     }
     f.commit();
@@ -517,8 +517,8 @@ std::string train_state_file(const Model& m, const std::string& dir, int rank, b
     mismatch("layers", h.layers, m.cfg.n_layers);
     mismatch("vocabulary", h.vocab, m.cfg.vocab);
     mismatch("vocabulary pieces", h.vocab_pieces, m.layout.vocab_pieces());  // they cut the FSDP shards
-    mismatch("parameters per GPU", h.local_params, m.local_params);
-    if (f.size != sizeof h + 3 * (size_t)m.local_params * sizeof(float))
+    mismatch("parameters per GPU", h.local_params, m.states.count);
+    if (f.size != sizeof h + 3 * (size_t)m.states.count * sizeof(float))
         usage_error("--resume: '" + path + "' is truncated or corrupt");
     return path;
 }
@@ -530,9 +530,9 @@ bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t*
     StateHeader h;
     memcpy(&h, f.data, sizeof h);
     const uint8_t* p = f.data + sizeof h;
-    for (float* arr : {m.master, m.adam_m, m.adam_v}) {  // on s, which the step uses: the wait below covers them
-        CUDA_CHECK(cudaMemcpyAsync(arr, p, m.local_params * sizeof(float), cudaMemcpyHostToDevice, s));
-        p += m.local_params * sizeof(float);
+    for (float* arr : {m.states.master, m.states.adam_m, m.states.adam_v}) {  // on s, which the step uses: the wait below covers them
+        CUDA_CHECK(cudaMemcpyAsync(arr, p, m.states.count * sizeof(float), cudaMemcpyHostToDevice, s));
+        p += m.states.count * sizeof(float);
     }
     CUDA_CHECK(cudaStreamSynchronize(s));
     *step = h.step;

@@ -85,8 +85,8 @@ inline float bf16_round(float v) {  // round to nearest even, as the writer does
 
 // What rank r of `world` must hold: its segments of the full parameters.
 inline std::vector<float> expected_local(const Model& m, const std::vector<float>& full, bool round) {
-    std::vector<float> out(m.local_params, 0.f);
-    for (const ParamSegment& s : m.segments)
+    std::vector<float> out(m.states.count, 0.f);
+    for (const ParamSegment& s : m.states.segments)
         for (int64_t i = 0; i < s.count; i++) {
             float v = full[s.tensor->offset + s.tensor_offset + i];
             out[s.local + i] = round ? bf16_round(v) : v;

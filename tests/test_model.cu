@@ -32,12 +32,12 @@ struct GpuModel {
             auto v = random_normal(t.numel(), rng, t.rows == 1 ? 0.1 : std);
             for (int64_t i = 0; i < t.numel(); i++) p[t.offset + i] = bf16_round((t.rows == 1 ? 1.0 : 0.0) + v[i]);
         }
-        upload(m.master, p);
+        upload(m.states.master, p);
         return p;
     }
     double loss() {
         float sum = download(m.scalars, 1)[0];
-        return sum / m.n_valid_targets;
+        return sum / m.batch.n_valid_targets;
     }
 };
 
@@ -105,10 +105,10 @@ TEST_P(WholeStep, LossAndEveryGradientMatchReference) {
     random_batch(rng, cfg.vocab, B * S, tok, tgt);
     const TestDocuments d = docs ? random_documents(rng, B, S) : TestDocuments{};
     model_set_batch(g.m, tok.data(), tgt.data(), 0, -1, docs ? &d.step : nullptr);
-    poison(g.m.grad, g.m.layout.total);  // the step must zero what it accumulates into
+    poison(g.m.states.grad, g.m.layout.total);  // the step must zero what it accumulates into
     model_forward_backward(g.m, 0);
     double loss = g.loss();
-    auto grads = download(g.m.grad, g.m.layout.total);
+    auto grads = download(g.m.states.grad, g.m.layout.total);
 
     std::vector<double> ref_grads(g.m.layout.total);
     double ref_loss = ref::model_forward_backward(cfg, params.data(), tok.data(), tgt.data(), B, S, ref_grads.data(),
@@ -158,7 +158,7 @@ TEST(Determinism, SameSeedSameLossesAndWeights) {
             model_optimizer_step(g.m, opt, 1.0f, 0);
             losses[run].push_back(g.loss());
         }
-        weights[run] = download(g.m.master, g.m.layout.total);
+        weights[run] = download(g.m.states.master, g.m.layout.total);
     }
     EXPECT_EQ(losses[0], losses[1]);
     EXPECT_TRUE(weights[0] == weights[1]);

@@ -22,7 +22,7 @@ struct StepResult {
 
 static std::vector<float> token_losses(const Model& m, cudaStream_t s) {
     std::vector<float> l(m.shape.tokens());
-    CUDA_CHECK(cudaMemcpyAsync(l.data(), m.losses, l.size() * 4, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(l.data(), m.head.losses, l.size() * 4, cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
     return l;
 }
@@ -65,10 +65,10 @@ StepResult run_variant(const LlamaConfig& cfg, const StepOptions& opt, int B, in
         float loss_sum;
         CUDA_CHECK(cudaMemcpyAsync(&loss_sum, m.scalars, 4, cudaMemcpyDeviceToHost, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
-        double loss = loss_sum / m.n_valid_targets;
+        double loss = loss_sum / m.batch.n_valid_targets;
         if (step == 0) {
             r.loss = loss;
-            r.grads = download(m.grad, m.layout.total);
+            r.grads = download(m.states.grad, m.layout.total);
         }
         r.curve.push_back(loss);
         AdamW adam;
@@ -334,7 +334,7 @@ TEST(SimWorld, GatheredUnitsHoldTheWholeModel) {
         const ParamLayout& lay = one.layout;
         bf16* whole;  // the single-GPU model's weights in bf16
         CUDA_CHECK(cudaMalloc(&whole, lay.total * sizeof(bf16)));
-        convert_f32_to_bf16(whole, one.master, lay.total, s);
+        convert_f32_to_bf16(whole, one.states.master, lay.total, s);
         const std::vector<double> expected = download(whole, lay.total);
         CUDA_CHECK(cudaFree(whole));
         const std::vector<int> order = model_unit_order(sim);  // the step's: embedding, layers, final norm, head, layers
