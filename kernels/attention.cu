@@ -30,7 +30,7 @@
 
 #include "attention_ptx.cuh"
 #include "documents.cuh"
-#include "llama.h"
+#include "kernels/attention.h"
 
 namespace {
 

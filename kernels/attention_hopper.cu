@@ -102,7 +102,7 @@
 #include "attention_hopper_ptx.cuh"
 #include "attention_ptx.cuh"
 #include "documents.cuh"
-#include "llama.h"
+#include "kernels/attention.h"
 
 // These kernels need sm_90a (wgmma, setmaxnreg, TMA). Device code for any other target gets
 // kernels that trap, so that builds for other GPUs (make GPU_ARCH=..., sm_80 alone or beside

@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "llama.h"
+#include <cuda_bf16.h>
 
 namespace {
 

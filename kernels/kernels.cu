@@ -5,7 +5,7 @@
 // attention_hopper.cu. Shapes are row-major [T, width], T tokens; bf16 in and out, fp32 math.
 #include <cmath>
 
-#include "llama.h"
+#include "kernels/kernels.h"
 #include "kernels/documents.cuh"
 // =============================================================================================
 // Small device helpers.
