@@ -36,9 +36,9 @@ LIB_OBJS  := build/llama.o build/fsdp.o build/ulysses.o build/offload.o build/ch
              build/beyond/savings.o build/beyond/selective.o \
              build/kernels/kernels.o build/kernels/gemm.o build/kernels/attention.o build/kernels/attention_hopper.o \
              build/io/files.o build/io/data.o build/io/json.o build/io/input_files.o \
-             build/infra/memory.o build/infra/comm.o build/infra/timeline.o build/infra/evaluate.o
+             build/infra/memory.o build/infra/comm.o build/infra/rendezvous.o build/infra/timeline.o build/infra/evaluate.o
 APP_OBJS  := build/infra/launch.o build/infra/ladder.o build/infra/options.o build/infra/run.o build/io/outputs.o
-TEST_BINS := build/tests/test_reference build/tests/test_source build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
+TEST_BINS := build/tests/test_reference build/tests/test_source build/tests/test_rendezvous build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \
              build/tests/test_files build/tests/test_inputs build/tests/test_hf build/tests/check_results
 TEST_COMMON := build/tests/test_main.o build/tests/reference.o
@@ -72,8 +72,10 @@ build/tests/%.o: tests/%.cu $(HEADERS) $(TEST_HEADERS) build/flags
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-build/tests/test_reference build/tests/test_source: build/tests/%: build/tests/%.o $(TEST_COMMON)
+# The CPU-only suites link without the library: the rendezvous suite with the rendezvous alone.
+build/tests/test_reference build/tests/test_source build/tests/test_rendezvous: build/tests/%: build/tests/%.o $(TEST_COMMON)
 	$(CXX) $^ -o $@ $(LDLIBS) $(GTEST)
+build/tests/test_rendezvous: build/infra/rendezvous.o
 
 build/tests/test_%: build/tests/test_%.o build/train_lib.o $(APP_OBJS) $(LIB_OBJS) $(TEST_COMMON)
 	$(NVCC) $(GPU_ARCH) $^ -o $@ $(LDLIBS) $(GTEST)

@@ -2,7 +2,8 @@
 //
 //   NcclComm   one process per GPU, NCCL collectives (all-gather, reduce-scatter, all-reduce,
 //              all-to-all as grouped send/recv). The NCCL unique id travels from rank 0 to the
-//              others over a TCP socket: no shared filesystem, and the same code under
+//              others over a TCP socket, to those that prove they belong to the run
+//              (infra/rendezvous.cpp): no shared filesystem, and the same code under
 //              ./train --nproc (rank 0 inherits a listening socket from the launcher), mpirun
 //              or srun (rank 0 listens on MASTER_PORT, the others connect to MASTER_ADDR).
 //   HostComm   --comm host: the N processes of ./train --nproc N, on one GPU or a few (NCCL
@@ -33,12 +34,8 @@
 // it. Every wait on a stream that has collectives on it goes through comm_sync, which polls the
 // stream and ncclCommGetAsyncError and aborts the communicator (ncclCommAbort) after a timeout.
 // HostComm waits only at its own barriers, which watch the peers' processes and the timeout.
-#include <arpa/inet.h>
 #include <nccl.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -48,6 +45,7 @@
 #include <memory>
 #include <thread>
 
+#include "infra/rendezvous.h"
 #include "llama.h"
 
 static size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
@@ -175,91 +173,33 @@ class NcclComm : public Comm {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The unique id's rendezvous over TCP.
+// NCCL's unique id, from rank 0 to the run's own ranks (infra/rendezvous.cpp): a rank proves with
+// the run's secret that it belongs to the run before rank 0 answers.
+static ncclUniqueId exchange_id(int rank, int world, int listen_fd, const std::string& master_addr, int master_port,
+                                double timeout_s) {
+    static_assert(sizeof(ncclUniqueId) == RENDEZVOUS_ID_BYTES, "the rendezvous carries NCCL's id as it is");
+    RendezvousOptions o;
+    o.secret = rendezvous_secret();
+    o.run = rendezvous_run_name();
+    o.timeout_s = timeout_s;
+    ncclUniqueId id;
+    if (rank == 0) {
+        NCCL_CHECK(ncclGetUniqueId(&id));
+        if (listen_fd < 0) listen_fd = rendezvous_listen(master_addr, master_port, o);
+        rendezvous_serve(listen_fd, world, (const uint8_t*)&id, o);
+    } else {
+        rendezvous_fetch(rank, world, master_addr, master_port, o, (uint8_t*)&id);
+    }
+    return id;
+}
+
 static double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-static void send_all(int fd, const void* p, size_t n) {
-    const char* c = (const char*)p;
-    while (n > 0) {
-        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
-        if (k <= 0) runtime_error("rendezvous: sending the NCCL id failed: " + std::string(strerror(errno)));
-        c += k, n -= k;
-    }
-}
-
-static void recv_all(int fd, void* p, size_t n, double timeout_s) {
-    char* c = (char*)p;
-    auto t0 = std::chrono::steady_clock::now();
-    while (n > 0) {
-        pollfd pf{fd, POLLIN, 0};
-        int remaining_ms = (int)std::max(0.0, (timeout_s - seconds_since(t0)) * 1000);
-        if (poll(&pf, 1, remaining_ms) <= 0) runtime_error("rendezvous: no NCCL id from rank 0 in time");
-        ssize_t k = recv(fd, c, n, 0);
-        if (k <= 0) runtime_error("rendezvous: rank 0 closed the connection");
-        c += k, n -= k;
-    }
-}
-
-static ncclUniqueId serve_id(int world, int listen_fd, int port, double timeout_s) {
-    ncclUniqueId id;
-    NCCL_CHECK(ncclGetUniqueId(&id));
-    int fd = listen_fd;
-    if (fd < 0) {
-        fd = socket(AF_INET, SOCK_STREAM, 0);
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_ANY);
-        a.sin_port = htons((uint16_t)port);
-        if (bind(fd, (sockaddr*)&a, sizeof a) != 0 || listen(fd, world) != 0)
-            runtime_error("rendezvous: rank 0 cannot listen on port " + std::to_string(port) + ": " + strerror(errno) +
-                          " (set MASTER_PORT)");
-    }
-    auto t0 = std::chrono::steady_clock::now();
-    for (int served = 1; served < world; served++) {
-        pollfd pf{fd, POLLIN, 0};
-        int remaining_ms = (int)std::max(0.0, (timeout_s - seconds_since(t0)) * 1000);
-        if (poll(&pf, 1, remaining_ms) <= 0)
-            runtime_error("rendezvous: only " + std::to_string(served) + " of " + std::to_string(world) +
-                          " ranks arrived within " + std::to_string((int)timeout_s) + " s");
-        int c = accept(fd, nullptr, nullptr);
-        if (c < 0) runtime_error("rendezvous: accept failed: " + std::string(strerror(errno)));
-        send_all(c, &id, sizeof id);
-        close(c);
-    }
-    close(fd);
-    return id;
-}
-
-static ncclUniqueId fetch_id(const std::string& addr, int port, double timeout_s) {
-    auto t0 = std::chrono::steady_clock::now();
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    if (inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1)
-        usage_error("MASTER_ADDR must be an IPv4 address, got '" + addr + "'");
-    while (true) {  // rank 0 may not be listening yet: retry until the timeout
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        if (connect(fd, (sockaddr*)&a, sizeof a) == 0) {
-            ncclUniqueId id;
-            recv_all(fd, &id, sizeof id, timeout_s);
-            close(fd);
-            return id;
-        }
-        close(fd);
-        if (seconds_since(t0) > timeout_s)
-            runtime_error("rendezvous: cannot reach rank 0 at " + addr + ":" + std::to_string(port));
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-}
-
 Comm* comm_nccl(int rank, int world, int listen_fd, const std::string& master_addr, int master_port,
                 double timeout_s) {
-    ncclUniqueId id = rank == 0 ? serve_id(world, listen_fd, master_port, timeout_s)
-                                : fetch_id(master_addr, master_port, timeout_s);
+    const ncclUniqueId id = exchange_id(rank, world, listen_fd, master_addr, master_port, timeout_s);
     setenv("NCCL_RUNTIME_CONNECT", "0", 0);  // buffers now, not at first use (see above)
     ncclComm_t c = nullptr;
     NCCL_CHECK(ncclCommInitRank(&c, world, id, rank));

@@ -44,7 +44,9 @@ Comm* comm_single();
 Comm* comm_fake(int world, const Model* model);
 // NCCL over `world` processes. Rank 0 serves the unique id over TCP: on listen_fd if >= 0 (a
 // socket inherited from ./train --nproc), else on master_port; the others connect to
-// master_addr:master_port. Waits at most timeout_s for its peers.
+// master_addr:master_port and prove with the run's secret (rendezvous_secret) that they belong to
+// the run (infra/rendezvous.h). Waits at most timeout_s for its peers; a refused rank ends with
+// exit code 2.
 Comm* comm_nccl(int rank, int world, int listen_fd, const std::string& master_addr, int master_port,
                 double timeout_s);
 // --comm host: this rank of the `world` processes that ./train --nproc N --comm host started,

@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "infra/comm.h"
+#include "infra/rendezvous.h"
 #include "train.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -79,10 +80,12 @@ Launch launch_from_env() {
 
 // ---------------------------------------------------------------------------------------------
 // ./train --nproc N: start N copies of this program, one per GPU, and wait for them. Rank 0
-// inherits a socket already listening on a free port, so the NCCL id needs no shared file and
-// no fixed port; under --comm host every rank inherits the shared memory of the host transport
-// instead (infra/comm.cu). If any rank fails, the others are stopped at once: no rank waits
-// forever for a peer that is gone. The exit code is the first failing rank's.
+// inherits a socket already listening on a free port of the loopback interface, so the NCCL id
+// needs no shared file and no fixed port; every rank inherits a fresh secret of this run's own,
+// in an environment only this user's processes can read, to prove itself to rank 0 with
+// (infra/rendezvous.cpp). Under --comm host every rank inherits the shared memory of the host
+// transport instead (infra/comm.cu). If any rank fails, the others are stopped at once: no rank
+// waits forever for a peer that is gone. The exit code is the first failing rank's.
 
 // Wait for every rank. The first rank to fail sets the exit code. The others get a moment to
 // end by themselves (an error every rank sees is reported by rank 0 alone, which may still be
@@ -135,10 +138,11 @@ int launch_local(int n, char** argv, bool host_comm) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     a.sin_port = 0;
     socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (sockaddr*)&a, sizeof a) != 0 || listen(fd, n) != 0 ||
+    if (fd < 0 || bind(fd, (sockaddr*)&a, sizeof a) != 0 || listen(fd, SOMAXCONN) != 0 ||
         getsockname(fd, (sockaddr*)&a, &len) != 0)
         runtime_error("--nproc: cannot open the rendezvous socket: " + std::string(strerror(errno)));
     const int shared_fd = host_comm ? host_comm_create(n) : -1;
+    const std::string secret = rendezvous_new_secret();
     std::vector<pid_t> pids;
     for (int r = 0; r < n; r++) {
         pid_t pid = fork();
@@ -152,6 +156,7 @@ int launch_local(int n, char** argv, bool host_comm) {
             setenv("MASTER_PORT", std::to_string(ntohs(a.sin_port)).c_str(), 1);
             setenv("TRAIN_LISTEN_FD", std::to_string(r == 0 && !host_comm ? fd : -1).c_str(), 1);
             setenv("TRAIN_HOST_COMM_FD", std::to_string(shared_fd).c_str(), 1);
+            setenv("TRAIN_RENDEZVOUS_SECRET", secret.c_str(), 1);
             if (r != 0 || host_comm) close(fd);
             execv("/proc/self/exe", argv);
             fprintf(stderr, "error: --nproc: cannot start rank %d: %s\n", r, strerror(errno));
