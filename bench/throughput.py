@@ -57,7 +57,10 @@ import flex_blocks
 PAPER = {"llama3.1-8b": {"3M": "UPipe 166, Ulysses 162, FPDT 153", "4M": "UPipe 126, FPDT 120", "5M": "UPipe 98"},
          "qwen3-32b": {"1M": "UPipe 113.3, Ulysses 117.0, FPDT 95.9", "2M": "UPipe 59.6, Ulysses 60.0, FPDT 55.4",
                        "3M": "UPipe 40.4, FPDT 38.9 (Ulysses OOM)", "4M": "UPipe 30.0, FPDT 27.7", "5M": "UPipe OOM"}}
-LEAVES = ["attention forward", "attention backward", "all-to-all", "mlp forward", "mlp backward", "input rebuild"]
+LEAVES = ["attention forward", "attention backward", "all-to-all", "wo and mlp forward", "wo and mlp backward",
+          "input rebuild"]
+# The marks' names before the Wo projection was named with the MLP in them (the committed runs).
+OLD_NAMES = {"mlp forward": "wo and mlp forward", "mlp backward": "wo and mlp backward"}
 
 
 def layer_parts(marks, direction, layer):
@@ -171,13 +174,16 @@ def read_marks(d, name):
     {stream, what, layer, start_ms, end_ms, bytes}."""
     trace = os.path.join(d, name + ".trace.json")
     if not os.path.exists(trace):
-        return json.load(open(os.path.join(d, name + ".timeline.json")))
+        marks = json.load(open(os.path.join(d, name + ".timeline.json")))
+        for e in marks:
+            e["what"] = OLD_NAMES.get(e["what"], e["what"])
+        return marks
     marks = []
     for e in json.load(open(trace))["traceEvents"]:
         if e.get("ph") != "X":
             continue
         a = e["args"]
-        marks.append({"stream": e["cat"], "what": a["what"], "layer": a.get("layer", a.get("unit")),
+        marks.append({"stream": e["cat"], "what": OLD_NAMES.get(a["what"], a["what"]), "layer": a.get("layer", a.get("unit")),
                       "start_ms": e["ts"] / 1000.0, "end_ms": (e["ts"] + e["dur"]) / 1000.0, "bytes": a["bytes"]})
     return marks
 
@@ -255,7 +261,7 @@ def summarize(d, name, commit, nvlink_gbs, out_dir, gpus_per_node=8, cross_node_
             estimated.append("host: the slot layer plus one attention output fetched")
         elif k == "rebuilt" and ("host" in parts or fetches_input_only):
             source[k] = "host" if "host" in parts else fetches_input_only
-            kept_mlp = parts[source[k]]["forward"].get("mlp forward", 0.0)
+            kept_mlp = parts[source[k]]["forward"].get("wo and mlp forward", 0.0)
             extra[k] = (att_fetch_s if source[k] != "host" else 0.0) + kept_mlp + att_fetch_s
             estimated.append("rebuilt: a kept layer plus its mlp forward and one attention output fetched")
         elif k.endswith("+rebuilt") and k.split("+")[0] in source:
@@ -265,7 +271,7 @@ def summarize(d, name, commit, nvlink_gbs, out_dir, gpus_per_node=8, cross_node_
             base = k.split("+")[0]
             source[k] = source[base]
             rebuild = parts["rebuilt"]["backward"].get("input rebuild", 0.0) if "rebuilt" in parts else \
-                parts[source[base]]["forward"].get("mlp forward", 0.0)
+                parts[source[base]]["forward"].get("wo and mlp forward", 0.0)
             extra[k] = extra[base] + rebuild + att_fetch_s
             estimated.append(f"{k}: the {base} layer plus a rebuild and one attention output fetched")
         else:
@@ -403,7 +409,7 @@ def main():
             for dr in ("forward", "backward"):
                 p = p2[dr]
                 att = p.get("attention forward", 0) + p.get("attention backward", 0)
-                mlp = p.get("mlp forward", 0) + p.get("mlp backward", 0)
+                mlp = p.get("wo and mlp forward", 0) + p.get("wo and mlp backward", 0)
                 print(f"| {r['name']}, {k} (layer {r['run_layers'].index(k)}) | {dr} | {p['total']:.2f} | "
                       f"{att:.2f} ({100 * att / p['total']:.1f}%) | "
                       f"{p['all-to-all bytes'] / 2**30:.2f}; {p.get('all-to-all', 0):.3f} | {mlp:.2f} | "

@@ -528,7 +528,7 @@ TEST(Binary, TimelineMarksEachLayersParts) {
             ASSERT_EQ(layer.size(), 1u) << dir << " " << l;
             EXPECT_GT(layer[0].end, layer[0].start);
             const bool fwd = std::string(dir) == "forward";
-            const char* inside[] = {fwd ? "attention forward" : "attention backward", fwd ? "mlp forward" : "mlp backward",
+            const char* inside[] = {fwd ? "attention forward" : "attention backward", fwd ? "wo and mlp forward" : "wo and mlp backward",
                                     "all-to-all"};
             for (const char* what : inside) {
                 int n = 0;
