@@ -28,6 +28,12 @@ Steps, each skipped when its output is there:
      `mini-bytes` config reads them). On a machine without the source (the GPU machine), carry
      text.tar.xz and run this script: it starts at step 3.
 --text-only stops after step 2.
+
+Text from a source the corpus never drew on: --out/other.tar.xz and --out/other.tok, the Python
+standard library's sources (a Debian machine's /usr/lib/python3.*, or --other DIR), a folder's .py
+files one document by the same rule. Python, not C, and another project: a model that learned to
+copy from earlier in a document should still gain from the context there, not only recall the
+kernel. Built beside the others (carry other.tar.xz too).
 """
 import argparse
 import glob
@@ -43,6 +49,9 @@ MAX_BYTES = 10_000_000
 TRAIN_DIRS = ["fs", "net", "kernel", "mm", "lib", "block", "ipc", "init"]
 HELDOUT_DIRS = ["sound", "crypto", "security"]
 SKIP_SUFFIXES = (".o", ".a", ".so", ".bin", ".fw", ".png", ".jpg", ".gz", ".xz", ".bz2", ".zst")
+OTHER_GLOB = "/usr/lib/python3.*"  # the other source: the Python standard library's sources
+ONLY_SUFFIX = None                 # a document's files: all text files, or (the other source) .py only
+SKIP_FOLDERS = ("__pycache__", "site-packages", "dist-packages")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -100,13 +109,13 @@ def text_files(folder):
     """Every regular text file directly in folder, sorted."""
     names = sorted(os.listdir(folder))
     return [os.path.join(folder, n) for n in names
-            if not n.startswith(".") and not n.endswith(SKIP_SUFFIXES)
+            if not n.startswith(".") and not n.endswith(SKIP_SUFFIXES) and (not ONLY_SUFFIX or n.endswith(ONLY_SUFFIX))
             and os.path.isfile(os.path.join(folder, n)) and not os.path.islink(os.path.join(folder, n))]
 
 
 def subfolders(folder):
     return [os.path.join(folder, n) for n in sorted(os.listdir(folder))
-            if not n.startswith(".") and os.path.isdir(os.path.join(folder, n)) and not os.path.islink(os.path.join(folder, n))]
+            if not n.startswith(".") and n not in SKIP_FOLDERS and os.path.isdir(os.path.join(folder, n)) and not os.path.islink(os.path.join(folder, n))]
 
 
 def tree_size(folder):
@@ -157,6 +166,8 @@ def own_documents(folder, left_out):
 def write_document(root, folder, files, dest):
     """The files of one document, each after a line naming it, as dest/<folder with __>.txt."""
     rel = os.path.relpath(folder, root).replace(os.sep, "__")
+    if rel == ".":  # the source's top folder (the other source's own files)
+        rel = os.path.basename(os.path.normpath(root))
     path, part = os.path.join(dest, rel + ".txt"), 1
     while os.path.exists(path):  # a folder's own files in several runs
         part += 1
@@ -206,13 +217,36 @@ def build_text(source, out):
     return archive
 
 
+def build_other(source, out):
+    """other.tar.xz: the documents of another source (a folder), its .py files only."""
+    global ONLY_SUFFIX
+    archive = os.path.join(out, "other.tar.xz")
+    if not source or not os.path.isdir(source):
+        raise CorpusError(f"the other source: no folder {source or OTHER_GLOB} (give --other DIR)")
+    ONLY_SUFFIX = ".py"
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        dest = os.path.join(tmp, "text", "other")
+        os.makedirs(dest)
+        left_out = [0]
+        sizes = sorted(write_document(source, folder, files, dest)
+                       for folder, files in split_into_documents(source, left_out))
+        if not sizes:
+            raise CorpusError(f"{source}: no document of at least {MIN_BYTES} bytes of .py files")
+        print(f"  other ({source}): {len(sizes)} documents, {sum(sizes) / 1e6:.1f} MB, median {sizes[len(sizes) // 2] / 1e6:.2f} MB")
+        with tarfile.open(archive + ".tmp", "w:xz", preset=6) as tar:
+            tar.add(os.path.join(tmp, "text"), arcname="text", filter=anonymous)
+        os.replace(archive + ".tmp", archive)
+    ONLY_SUFFIX = None
+    return archive
+
+
 # ---------------------------------------------------------------------------------------------
 # Step 3: token files.
-def tokenize(archive, out):
+def tokenize(archive, out, splits=("train", "heldout")):
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
-        for split in ("train", "heldout"):
+        for split in splits:
             folder = os.path.join(tmp, "text", split)
             if not os.path.isdir(folder):
                 raise CorpusError(f"{archive}: no text/{split}/ inside")
@@ -226,7 +260,8 @@ def main():
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--out", default="data/linux", help="the folder for the tarball, text.tar.xz and the token files")
     p.add_argument("--source", metavar="FILE", help="a linux-source-*.tar.xz already here")
-    p.add_argument("--text-only", action="store_true", help="stop after text.tar.xz")
+    p.add_argument("--text-only", action="store_true", help="stop after text.tar.xz and other.tar.xz")
+    p.add_argument("--other", metavar="DIR", help="the other source's folder (default: the newest %s)" % OTHER_GLOB)
     p.add_argument("--min-bytes", type=int, default=MIN_BYTES, help="the smallest document (default %(default)s)")
     p.add_argument("--max-bytes", type=int, default=MAX_BYTES, help="the largest document but a single file (default %(default)s)")
     args = p.parse_args()
@@ -236,12 +271,17 @@ def main():
         archive = os.path.join(args.out, "text.tar.xz")
         if not os.path.isfile(archive):
             archive = build_text(find_source(args.out, args.source), args.out)
+        other = os.path.join(args.out, "other.tar.xz")
+        if not os.path.isfile(other):
+            other = build_other(args.other or (sorted(glob.glob(OTHER_GLOB)) or [None])[-1], args.out)
         if args.text_only:
             return 0
-        if all(os.path.isfile(os.path.join(args.out, f"{s}.tok")) for s in ("train", "heldout")):
-            print(f"{args.out}/train.tok and heldout.tok are there (delete them to build them again)")
+        if all(os.path.isfile(os.path.join(args.out, f"{s}.tok")) for s in ("train", "heldout", "other")):
+            print(f"{args.out}/train.tok, heldout.tok and other.tok are there (delete them to build them again)")
             return 0
-        tokenize(archive, args.out)
+        if not all(os.path.isfile(os.path.join(args.out, f"{s}.tok")) for s in ("train", "heldout")):
+            tokenize(archive, args.out)
+        tokenize(other, args.out, ("other",))
     except (CorpusError, OSError, tarfile.TarError) as e:
         print(f"bench/corpus.py: {e}", file=sys.stderr)
         return 2

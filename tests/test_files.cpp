@@ -816,7 +816,15 @@ TEST(CorpusTool, FoldersBecomeDocumentsOfBoundedSize) {
         write_text(top + "/" + path, text);
     }
     ASSERT_EQ(run_command("tar -cJf " + dir + "/src.tar.xz -C " + dir + "/src linux-x").code, 0);
-    const std::string cmd = "python3 bench/corpus.py --out " + dir + "/out --source " + dir + "/src.tar.xz --min-bytes 100 --max-bytes 1000";
+    // The other source: a folder's .py files, nothing else of it.
+    const std::map<std::string, std::string> other = {{"pkg/m.py", std::string(150, 'p')}, {"pkg/data.txt", "left out"},
+                                                      {"pkg/__pycache__/m.py", std::string(150, 'c')}};
+    for (const auto& [path, text] : other) {
+        ASSERT_EQ(run_command("mkdir -p $(dirname " + dir + "/py/" + path + ")").code, 0);
+        write_text(dir + "/py/" + path, text);
+    }
+    const std::string cmd = "python3 bench/corpus.py --out " + dir + "/out --source " + dir + "/src.tar.xz --other " + dir +
+                            "/py --min-bytes 100 --max-bytes 1000";
     CommandResult r = run_command(cmd);
     ASSERT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("train: 10 documents"), std::string::npos) << r.output;
@@ -833,15 +841,18 @@ TEST(CorpusTool, FoldersBecomeDocumentsOfBoundedSize) {
                       doc({"net/big/y.c"})}, true);
     expect_documents(TokenFile(dir + "/out/heldout.tok", 257),
                      {doc({"crypto/c.c"}), doc({"security/s.c"}), doc({"sound/s.c"})}, true);
+    expect_documents(TokenFile(dir + "/out/other.tok", 257), {"==> pkg/m.py <==\n" + other.at("pkg/m.py")}, true);
     // Run again: the outputs are there, nothing is rebuilt. The GPU machine's path: only
     // text.tar.xz carried, the token files made from it.
     r = run_command(cmd);
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("are there"), std::string::npos) << r.output;
-    ASSERT_EQ(run_command("mkdir " + dir + "/carried && cp " + dir + "/out/text.tar.xz " + dir + "/carried/").code, 0);
+    ASSERT_EQ(run_command("mkdir " + dir + "/carried && cp " + dir + "/out/text.tar.xz " + dir + "/out/other.tar.xz " + dir +
+                          "/carried/").code, 0);
     r = run_command("python3 bench/corpus.py --out " + dir + "/carried");
     ASSERT_EQ(r.code, 0) << r.output;
-    EXPECT_EQ(run_command("cmp " + dir + "/out/train.tok " + dir + "/carried/train.tok").code, 0);
+    for (const char* tok : {"train.tok", "other.tok"})
+        EXPECT_EQ(run_command("cmp " + dir + "/out/" + tok + " " + dir + "/carried/" + tok).code, 0) << tok;
     // A source that is not there: exit 2, naming it.
     r = run_command("python3 bench/corpus.py --out " + dir + "/none --source " + dir + "/missing.tar.xz");
     EXPECT_EQ(r.code, 2) << r.output;
