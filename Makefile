@@ -42,8 +42,9 @@ TEST_BINS := build/tests/test_reference build/tests/test_source build/tests/test
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \
              build/tests/test_files build/tests/test_inputs build/tests/test_hf build/tests/check_results
 TEST_COMMON := build/tests/test_main.o build/tests/reference.o
-# tests/check_results.py (results/ holds what README.md and docs/results.md show, and they cite
-# nothing missing), run by tests/run_tests.sh through a two-line script, as tests/fuzz/fuzz.mk does.
+# tests/check_results.py (results/ holds what README.md and docs/results.md show, they cite nothing
+# missing, and every number of README's results table is what its files give, on the GPU they
+# name), run by tests/run_tests.sh through a two-line script, as tests/fuzz/fuzz.mk does.
 build/tests/check_results: tests/check_results.py
 	@mkdir -p $(dir $@) && printf '#!/bin/sh\ncommand -v python3 >/dev/null || { echo "no python3"; echo "TESTCOUNTS passed=0 failed=0 skipped=1"; exit 0; }\nexec python3 "%s/tests/check_results.py"\n' "$(CURDIR)" > $@ && chmod +x $@
 TEST_HEADERS := tests/reference.h tests/test_util.h tests/gpu_util.h tests/files_util.h
