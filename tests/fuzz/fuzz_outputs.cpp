@@ -114,16 +114,22 @@ bool too_long(const std::string& path) {
     return false;
 }
 
+// The entry a path names itself, not what a link there leads to (a trailing slash would follow it).
+std::string entry(std::string path) {
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    return path;
+}
+
 bool dangles(const std::string& path) {
     struct stat st;
-    return lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && stat(path.c_str(), &st) != 0;
+    return lstat(entry(path).c_str(), &st) == 0 && S_ISLNK(st.st_mode) && stat(path.c_str(), &st) != 0;
 }
 
 // Whether the run could write p, found by trying (anything made is taken away again).
 bool writable(const RunPath& p) {
     if (too_long(p.path) || dangles(p.path)) return false;
     struct stat st;
-    const bool there = lstat(p.path.c_str(), &st) == 0;
+    const bool there = lstat(entry(p.path).c_str(), &st) == 0;
     if (p.use == RunPath::WRITES_FILE) {
         if (p.path.back() == '/') return false;
         const int fd = open(p.path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644);
@@ -144,39 +150,46 @@ bool names(const Fatal& f, const std::string& flag) {
 }
 
 // A path of the distinctness oracle: the inode a file path opens (made where it is new and its
-// folder is there), the folder its links resolve into, a cleared folder's own inode. A link that
-// dangled before any file was made names no file (a file made since may be where it points).
+// folder is there), the folder its links resolve into, a cleared folder's own inode. What is
+// there before any file is made decides: a link that dangled then names no file, and a cleared
+// folder is one that was a folder then (a file made since may be where either points).
 struct Opened {
     bool file = false, cleared = false, dangled = false, has_id = false, has_folder = false;
     dev_t dev = 0, folder_dev = 0;
     ino_t ino = 0, folder_ino = 0;
 };
 
-Opened open_path(const RunPath& p, bool dangled) {
+Opened before_files_are_made(const RunPath& p) {
     Opened o;
     o.file = p.use == RunPath::READS || p.use == RunPath::WRITES_FILE;
     o.cleared = p.use == RunPath::CLEARS_FOLDER;
-    o.dangled = dangled;
+    o.dangled = dangles(p.path);
     struct stat st;
-    if (o.file && lstat(p.path.c_str(), &st) != 0 && errno == ENOENT)
+    if (o.cleared && stat(p.path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) o.has_id = true, o.dev = st.st_dev, o.ino = st.st_ino;
+    return o;
+}
+
+void open_file(const RunPath& p, Opened& o) {
+    struct stat st;
+    if (!o.file) return;
+    if (lstat(p.path.c_str(), &st) != 0 && errno == ENOENT)
         close(open(p.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644));  // fails where the folder is missing
-    const int fd = dangled ? -1 : open(p.path.c_str(), O_PATH | O_CLOEXEC);
+    const int fd = o.dangled ? -1 : open(p.path.c_str(), O_PATH | O_CLOEXEC);
     if (fd >= 0 && fstat(fd, &st) == 0) o.has_id = true, o.dev = st.st_dev, o.ino = st.st_ino;
     if (fd >= 0) close(fd);
     // The folder of what the path leads to; of the name itself where it leads nowhere.
     std::string folder;
-    char* real = dangled ? nullptr : realpath(p.path.c_str(), nullptr);
+    char* real = o.dangled ? nullptr : realpath(p.path.c_str(), nullptr);
     if (real) {
         folder = real;
         free(real);
         folder = folder.substr(0, std::max<size_t>(1, folder.rfind('/')));
     } else {
-        std::string name = p.path;
-        while (name.size() > 1 && name.back() == '/') name.pop_back();
+        const std::string name = entry(p.path);
         folder = name.find('/') == std::string::npos ? "." : name.substr(0, std::max<size_t>(1, name.rfind('/')));
     }
-    if (stat(folder.c_str(), &st) == 0) o.has_folder = true, o.folder_dev = st.st_dev, o.folder_ino = st.st_ino;
-    return o;
+    if (stat(folder.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        o.has_folder = true, o.folder_dev = st.st_dev, o.folder_ino = st.st_ino;
 }
 
 // Whether check_distinct must refuse the paths, and the flags of the first pair that says so.
@@ -223,10 +236,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         refusal = f.what();
         if (f.code != EXIT_USAGE) oracle_fail("check_distinct refused with exit code " + std::to_string(f.code));
     }
-    std::vector<bool> dangled;
-    for (const RunPath& p : accepted) dangled.push_back(dangles(p.path));
     std::vector<Opened> opened;
-    for (size_t i = 0; i < accepted.size(); i++) opened.push_back(open_path(accepted[i], dangled[i]));
+    for (const RunPath& p : accepted) opened.push_back(before_files_are_made(p));
+    for (size_t i = 0; i < accepted.size(); i++) open_file(accepted[i], opened[i]);
     std::string a, b;
     const bool refuse = must_refuse(accepted, opened, &a, &b);
     if (refuse && refusal.empty()) oracle_fail(a + " and " + b + " share a file, and were accepted together");

@@ -119,3 +119,7 @@ put("outputs", "new_names", outputs([(3, 0, 1)], [(1, 1, 0, 0), (1, 1, 1, 6), (0
 put("outputs", "dangling_in_cleared", outputs([(8, 0, 1), (9, 0, 3)], [(3, 8, 4, 0), (0, 9, 2, 0), (1, 9, 0, 2)]))
 put("outputs", "link_to_new_output", outputs([(0, 1, 2)], [(1, 1, 0, 0), (0, 10, 0, 4), (0, 0, 2, 0), (3, 0, 0, 0)]))
 put("outputs", "dangling_folder_slash", outputs([(8, 0, 0), (0, 1, 2)], [(3, 0, 0, 4), (2, 0, 3, 4)]))
+# And where the oracle was wrong, found by `make test`: a folder to clear that was no folder
+# until a file was made where a link pointed, and a link to a folder given with a trailing slash.
+put("outputs", "cleared_made_later", bytes.fromhex("040300020800010900000203080400000902000109000201040007000600000605000104050001b800"))
+put("outputs", "link_with_slash", bytes.fromhex("02424a4a4a4a010900030004030031042b040404040402030804043131313131313131313131"))
