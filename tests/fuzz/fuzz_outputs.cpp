@@ -41,17 +41,19 @@ const char* const NAMES[] = {"a", "b", "c", "d", "d/x", "d/y", "d/e", "d/e/z", "
 const int NUM_NAMES = sizeof NAMES / sizeof NAMES[0];
 const char* const FLAGS[] = {"--log", "--dump", "--data", "--save-to", "--state-dir", "--eval-data"};
 
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return remove(path); }
+
+// The folder every input builds in, made at the first and removed when the fuzzer ends.
 std::string base_folder() {
     static std::string base;
     if (base.empty()) {
         char templ[] = "/tmp/fuzz_outputs_XXXXXX";
         if (!mkdtemp(templ)) oracle_fail("cannot make a folder under /tmp");
         base = templ;
+        atexit([] { nftw(base.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS); });
     }
     return base;
 }
-
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return remove(path); }
 
 // A fresh, empty folder to build in, the working folder too (for relative paths).
 std::string fresh_folder() {
