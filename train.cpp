@@ -115,7 +115,7 @@ int train_main(int argc, char** argv) {
             usage_error("--comm host runs among the processes that ./train --nproc N starts: under mpirun or srun "
                         "leave it out");
         if (o.host_comm && launch.world == 1 && o.nproc < 2) usage_error("--comm host needs --nproc N, N of 2 or more");
-        check_output_paths(o, launch.rank == 0);
+        if (!launch.by_launcher) check_outputs(o, launch.rank == 0);  // under --nproc, once, before the ranks start
         if (o.ladder) return ladder_main(o);
         if (o.nproc > 1 && launch.world == 1 && !o.plan) {
             check_before_launch(o);

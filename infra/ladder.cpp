@@ -22,9 +22,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -204,10 +206,30 @@ static StageRun run_child(const std::vector<std::string>& args, const std::strin
         std::stringstream ss;
         ss << f.rdbuf();
         r.log = ss.str();
-        unlink(log_path.c_str());
+        if (truncate(log_path.c_str(), 0) != 0)  // a child that fails before its log opens leaves none
+            runtime_error("--ladder: cannot empty its child runs' log '" + log_path + "': " + strerror(errno));
     }
     return r;
 }
+
+// The child runs' log: a new file of this run's own in $TMPDIR (else /tmp), made before any GPU
+// work (a folder that cannot take it is a usage error) and removed when the ladder ends.
+struct ChildLog {
+    std::string path;
+    ChildLog() {
+        const char* tmp = getenv("TMPDIR");
+        const std::string folder = tmp && *tmp ? tmp : "/tmp";
+        path = folder + "/train_ladder_XXXXXX.jsonl";
+        const int fd = mkstemps(&path[0], 6);
+        if (fd < 0)
+            usage_error("--ladder: cannot make its child runs' log in '" + folder + "' (TMPDIR names the folder): " +
+                        strerror(errno));
+        close(fd);
+    }
+    ~ChildLog() { unlink(path.c_str()); }
+    ChildLog(const ChildLog&) = delete;
+    ChildLog& operator=(const ChildLog&) = delete;
+};
 
 // The number after "key": in the last line of `text` that has it (NAN if none).
 static double last_number(const std::string& text, const std::string& key) {
@@ -313,6 +335,7 @@ static void log_stage(FILE* log, const Options& o, const LlamaConfig& cfg, int k
 
 static int measure_ladder(const Options& o) {
     const LlamaConfig cfg = resolve_config(o);
+    const ChildLog tmp;
     if (visible_gpus() == 0) no_gpu_error("the measured ladder runs steps; `--ladder --plan` needs none");
     // Said once here, not by every stage's child run.
     if (o.step.fused_attention && !attention_uses_hopper({1, o.seq_len, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim}))
@@ -322,7 +345,6 @@ static int measure_ladder(const Options& o) {
     Options shallow = o;
     shallow.layers = layers;
     std::vector<LadderRow> at_depth = ladder_plan(shallow);  // what the child runs allocate
-    const std::string tmp = "/tmp/train_ladder_" + std::to_string(getpid()) + ".jsonl";
     FILE* log = open_output(o.log_path, "--log");
     if (log) log_ladder_run(log, o, cfg, layers);
     printf("the memory ladder, measured: %s, %lld tokens per sequence, %s, cap %.0f GiB; steps run with %d of %d layers\n",
@@ -339,7 +361,7 @@ static int measure_ladder(const Options& o) {
                         f.flags.c_str(), json_escape(f.refused).c_str());
             continue;
         }
-        const StageMeasure s = measure_stage(o, k, layers, at_depth[k], tmp);
+        const StageMeasure s = measure_stage(o, k, layers, at_depth[k], tmp.path);
         const std::string longest = confirm_longest(o, k, cfg.n_layers, f.longest);
         char verdict[64], step[32] = "-";
         if (!f.fits && f.total_gib <= ladder_cap(o)) snprintf(verdict, sizeof verdict, "OOM, host %.0f GiB", f.host_gib);

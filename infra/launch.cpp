@@ -71,6 +71,7 @@ Launch launch_from_env() {
             l.local_rank = env_int(v[2], l.rank);
             break;
         }
+    l.by_launcher = getenv("TRAIN_RANK") != nullptr;  // set by launch_local alone
     l.listen_fd = env_int("TRAIN_LISTEN_FD", -1);
     l.host_comm_fd = env_int("TRAIN_HOST_COMM_FD", -1);
     if (getenv("MASTER_ADDR")) l.master_addr = getenv("MASTER_ADDR");

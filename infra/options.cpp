@@ -66,7 +66,10 @@ static double parse_double(const std::string& flag, const std::string& value, do
 enum class Takes { NOTHING, VALUE, OPTIONAL_VALUE };
 // A flag: its name, whether and how it takes a value (shown as `shape` in --help), its section
 // of --help and its text there (lines after the first are continued below it), and what it sets
-// (nullptr: a line of --help only, for a value of a flag listed elsewhere).
+// (nullptr: a line of --help only, for a value of a flag listed elsewhere). A flag that names a
+// path also says what the run does with it and where the path is kept (path_flag below):
+// check_outputs reads every path flag through the table, so a flag that writes is checked
+// because it says so.
 struct Flag {
     const char* name;
     Takes takes;
@@ -74,6 +77,8 @@ struct Flag {
     int section;
     const char* help;
     std::function<void(Options& o, const std::string& flag, const std::string& value)> set;
+    PathRole role = PathRole::READS_FILE;
+    std::string Options::*path_field = nullptr;
 };
 
 static const char* SECTIONS[] = {
@@ -88,10 +93,15 @@ static const char* SECTIONS[] = {
 };
 
 using V = const std::string&;  // a flag's value, as given
-// A path flag's value: an empty one would read as "not given" (no file, synthetic data, random weights).
-static std::string path(V flag, V value) {
-    if (value.empty()) usage_error(flag + " needs a path, got an empty one");
-    return value;
+// A flag naming a path that the run uses as `role`, kept in o.*field. An empty value would read
+// as "not given" (no file, synthetic data, random weights): a usage error.
+static Flag path_flag(const char* name, const char* shape, int section, const char* help, PathRole role,
+                      std::string Options::*field) {
+    auto set = [field](Options& o, V flag, V value) {
+        if (value.empty()) usage_error(flag + " needs a path, got an empty one");
+        o.*field = value;
+    };
+    return {name, Takes::VALUE, shape, section, help, set, role, field};
 }
 static const std::vector<Flag> FLAGS = {
     {"--config", Takes::VALUE, " NAME", 0, "known: see below (default llama3.2-3b)", [](Options& o, V, V v) { o.config = v; }},
@@ -234,23 +244,23 @@ static const std::vector<Flag> FLAGS = {
              usage_error(f + " must be 'auto', 'fast', 'fused' or 'reference', got '" + v + "'");
          o.attention = v, o.step.fused_attention = v == "fused";
      }},
-    {"--init-from", Takes::VALUE, " PATH", 6, "start from a Hugging Face checkpoint (model.safetensors, a directory, or a sharded index)",
-     [](Options& o, V f, V v) { o.init_from = path(f, v); }},
-    {"--save-to", Takes::VALUE, " DIR", 6, "at the end, write a Hugging Face checkpoint (model.safetensors + config.json) to DIR",
-     [](Options& o, V f, V v) { o.save_to = path(f, v); }},
+    path_flag("--init-from", " PATH", 6, "start from a Hugging Face checkpoint (model.safetensors, a directory, or a sharded index)",
+     PathRole::READS_CHECKPOINT, &Options::init_from),
+    path_flag("--save-to", " DIR", 6, "at the end, write a Hugging Face checkpoint (model.safetensors + config.json) to DIR",
+     PathRole::WRITES_CHECKPOINT, &Options::save_to),
     {"--save-dtype", Takes::VALUE, " bf16|fp32", 6, "dtype of --save-to (default bf16)", [](Options& o, V, V v) { o.save_dtype = v; }},
-    {"--data", Takes::VALUE, " FILE", 6, "train on a token file (random windows; format in the README) instead of --task",
-     [](Options& o, V f, V v) { o.data_path = path(f, v); }},
-    {"--eval-data", Takes::VALUE, " FILE", 6,
+    path_flag("--data", " FILE", 6, "train on a token file (random windows; format in the README) instead of --task",
+     PathRole::READS_FILE, &Options::data_path),
+    path_flag("--eval-data", " FILE", 6,
      "held-out token file: after the last step (and every --eval-every), the mean loss over\n"
      "--eval-windows fixed windows and the loss by position in the context (1-1K, 1K-2K, ...)",
-     [](Options& o, V f, V v) { o.eval_path = path(f, v); }},
+     PathRole::READS_FILE, &Options::eval_path),
     {"--eval-every", Takes::VALUE, " N", 6, "evaluate after every N steps too", [](Options& o, V f, V v) { o.eval_every = (int)parse_int(f, v, 1, 1 << 30); }},
     {"--eval-windows", Takes::VALUE, " K", 6, "windows of --seq-len tokens, evenly spaced over the file (default 8)",
      [](Options& o, V f, V v) { o.eval_windows = (int)parse_int(f, v, 1, 1 << 20), o.eval_windows_given = true; }},
     {"--eval-only", Takes::NOTHING, "", 6, "evaluate the weights (--init-from, else the seed's) and stop", [](Options& o, V, V) { o.eval_only = true; }},
-    {"--state-dir", Takes::VALUE, " DIR", 6, "the whole training state goes here, atomically, every --state-every steps",
-     [](Options& o, V f, V v) { o.state_dir = path(f, v); }},
+    path_flag("--state-dir", " DIR", 6, "the whole training state goes here, atomically, every --state-every steps",
+     PathRole::WRITES_STATE, &Options::state_dir),
     {"--state-every", Takes::VALUE, " N", 6, "save the training state every N steps (and at the last step)",
      [](Options& o, V f, V v) { o.state_every = (int)parse_int(f, v, 1, 1 << 30); }},
     {"--resume", Takes::NOTHING, "", 6, "continue from the latest training state in --state-dir (fresh start if none)",
@@ -258,21 +268,21 @@ static const std::vector<Flag> FLAGS = {
     {"--mem-cap-gib", Takes::VALUE, " X", 7, "refuse what a card of X GiB could not hold (emulates an 80 GB H100 on an H200)",
      [](Options& o, V f, V v) { o.mem_cap_gib = parse_double(f, v, 0.001, 1e6); }},
     {"--plan", Takes::NOTHING, "", 7, "print the memory plan per category and exit (no GPU needed)", [](Options& o, V, V) { o.plan = true; }},
-    {"--log", Takes::VALUE, " FILE", 7, "write one JSON object per step (plus one for the setup) to FILE",
-     [](Options& o, V f, V v) { o.log_path = path(f, v); }},
-    {"--dump", Takes::VALUE, " FILE", 7, "write the first step's loss and every gradient (whole, float32) to FILE",
-     [](Options& o, V f, V v) { o.dump_path = path(f, v); }},
-    {"--timeline", Takes::VALUE, " FILE", 7,
+    path_flag("--log", " FILE", 7, "write one JSON object per step (plus one for the setup) to FILE",
+     PathRole::WRITES_FILE, &Options::log_path),
+    path_flag("--dump", " FILE", 7, "write the first step's loss and every gradient (whole, float32) to FILE",
+     PathRole::WRITES_FILE, &Options::dump_path),
+    path_flag("--timeline", " FILE", 7,
      "write the last step's event timeline as JSON: each layer's forward and backward,\n"
      "its attention kernels, all-to-alls and MLP, FSDP's collectives, offload's copies",
-     [](Options& o, V f, V v) { o.timeline_path = path(f, v); }},
-    {"--trace", Takes::VALUE, " FILE", 7,
+     PathRole::WRITES_FILE, &Options::timeline_path),
+    path_flag("--trace", " FILE", 7,
      "write the last step as a Chrome trace (open it in https://ui.perfetto.dev or chrome://tracing):\n"
      "each layer's phases on the compute stream, all-to-alls with their bytes, FSDP's gathers and\n"
      "reduce-scatters, offload's copies, and the memory per category at each layer",
-     [](Options& o, V f, V v) { o.trace_path = path(f, v); }},
-    {"--mem-trace", Takes::VALUE, " FILE", 7, "write live memory per category (and pinned host) over the last step, as JSON lines",
-     [](Options& o, V f, V v) { o.mem_trace_path = path(f, v); }},
+     PathRole::WRITES_FILE, &Options::trace_path),
+    path_flag("--mem-trace", " FILE", 7, "write live memory per category (and pinned host) over the last step, as JSON lines",
+     PathRole::WRITES_FILE, &Options::mem_trace_path),
     {"--peak-tflops", Takes::VALUE, " X", 7, "bf16 peak for MFU (default: 989 for H100/H200, else MFU is not shown)",
      [](Options& o, V f, V v) { o.peak_tflops = parse_double(f, v, 0.001, 1e6); }},
     {"--help", Takes::NOTHING, "", 7, "this text", [](Options& o, V, V) { o.help = true; }},
@@ -292,6 +302,13 @@ std::string usage_text() {
         }
     }
     return out + "\nExit codes: 0 ok, 1 runtime failure, 2 bad usage or input, 3 out of memory.\n";
+}
+
+std::vector<PathFlag> path_flags(const Options& o) {
+    std::vector<PathFlag> flags;
+    for (const Flag& f : FLAGS)
+        if (f.path_field) flags.push_back({f.name, f.role, o.*f.path_field});
+    return flags;
 }
 
 static const Flag& find_flag(const std::string& name, const char* as_typed) {
@@ -316,7 +333,8 @@ static void check_data_options(const Options& o) {
     if (o.step.doc_mask && o.ladder) usage_error("--ladder plans the talk's runs on one document a sequence: leave out --doc-mask");
     if ((o.eval_every || o.eval_only || o.eval_windows_given) && o.eval_path.empty())
         usage_error("--eval-every, --eval-windows and --eval-only need --eval-data");
-    if (!o.eval_path.empty() && o.ladder) usage_error("--ladder runs its own steps: leave out --eval-data");
+    for (const PathFlag& f : path_flags(o))  // the stages' child runs get none of these but their own logs
+        if (o.ladder && !f.value.empty() && f.name != "--log") usage_error("--ladder runs its own steps: leave out " + f.name);
     if (o.eval_only && (!o.dump_path.empty() || !o.timeline_path.empty() || !o.trace_path.empty() ||
                         !o.mem_trace_path.empty()))
         usage_error("--dump, --timeline, --trace and --mem-trace record a training step: --eval-only takes none");
@@ -326,7 +344,10 @@ static void check_data_options(const Options& o) {
 static void check_options(Options& o) {
     if (o.task != "copy" && o.task != "induction" && o.task != "random")
         usage_error("--task must be 'copy', 'induction' or 'random', got '" + o.task + "'");
-    if (o.task != "random" && o.seq_len < 4) usage_error("--task " + o.task + " needs --seq-len of at least 4");
+    const bool synthetic = o.data_path.empty() && !(o.eval_only && !o.eval_path.empty());
+    if (synthetic && o.task != "random" && o.seq_len < 4)
+        usage_error("--seq-len " + std::to_string(o.seq_len) + ": the synthetic task " + o.task +
+                    " needs at least 4 (--task random takes any; --data trains on a token file)");
     if (o.seq_len > (int64_t)1 << 40) usage_error("--seq-len is beyond anything addressable");
     const StepOptions& s = o.step;
     const bool techniques = o.stage >= 0 || s.fsdp || s.ulysses || s.ckpt || s.offload || s.chunked || s.untied ||

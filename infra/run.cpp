@@ -130,44 +130,6 @@ std::string command_line(const Options& o) {
     return cmd;
 }
 
-// An output file may be written only at the end of a long run: whether it can be is checked
-// before any work. A path is writable if it is a writable file, or a new name in a writable folder.
-static void check_writable(const std::string& path, const char* flag, bool folder) {
-    if (path.empty()) return;
-    struct stat st;
-    const bool exists = stat(path.c_str(), &st) == 0;
-    const std::string what = std::string(flag) + " '" + path + "'";
-    if (exists && folder != S_ISDIR(st.st_mode))
-        usage_error(what + (folder ? " is not a folder" : " is a folder, not a file"));
-    if (exists) {
-        if (access(path.c_str(), W_OK) != 0) usage_error(what + " is not writable");
-        return;
-    }
-    const size_t slash = path.find_last_of('/');
-    const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-    if (stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-        usage_error(what + ": the folder '" + parent + "' does not exist");
-    if (access(parent.c_str(), W_OK) != 0) usage_error(what + ": the folder '" + parent + "' is not writable");
-}
-
-void check_output_paths(const Options& o, bool lead) {
-    check_writable(o.state_dir, "--state-dir", true);  // every rank writes its shards
-    if (!lead) return;  // the rest is rank 0's
-    check_writable(o.log_path, "--log", false);
-    check_writable(o.dump_path, "--dump", false);
-    check_writable(o.timeline_path, "--timeline", false);
-    check_writable(o.trace_path, "--trace", false);
-    check_writable(o.mem_trace_path, "--mem-trace", false);
-    check_writable(o.save_to, "--save-to", true);
-}
-
-FILE* open_output(const std::string& path, const char* flag) {
-    if (path.empty()) return nullptr;
-    FILE* f = fopen(path.c_str(), "w");
-    if (!f) usage_error(std::string("cannot write ") + flag + " file '" + path + "': " + strerror(errno));
-    return f;
-}
-
 // Wall-clock time (Unix seconds): a step record's end, so that other logs of the run (the GPU's
 // clocks sampled by nvidia-smi in make throughput) can be placed against the step's marks.
 static double unix_seconds() {
@@ -641,7 +603,7 @@ int open_run(Run& r) {
     const Options& o = r.o;
     check_host_memory(r);
     open_inputs(r);
-    if (!o.state_dir.empty()) train_state_file(r.m, o.state_dir, r.rank, o.resume);  // before the GPU opens
+    if (!o.state_dir.empty()) train_state_file(r.m, o.state_dir, r.rank, o.resume, o.steps);  // before the GPU opens
     open_gpu(r);
     if (o.attention == "auto") choose_attention(r);
     keep_attention_on_device(r);
@@ -662,7 +624,7 @@ int resume_or_start(Run& r, SyntheticData& data) {
     if (!r.o.resume) return 0;
     int64_t step = 0;
     uint64_t data_state = 0;
-    if (!load_train_state(r.m, r.o.state_dir, &step, &data_state, r.stream)) {
+    if (!load_train_state(r.m, r.o.state_dir, r.o.steps, &step, &data_state, r.stream)) {
         if (r.lead) printf("no training state in %s yet: starting at step 0\n", r.o.state_dir.c_str());
         return 0;
     }
@@ -788,7 +750,7 @@ void check_before_launch(const Options& o) {
     check_host_memory(r);
     open_inputs(r);
     if (!o.state_dir.empty())  // every rank's file, before any process starts
-        for (int rank = 0; rank < o.nproc; rank++) train_state_file(r.m, o.state_dir, rank, o.resume);
+        for (int rank = 0; rank < o.nproc; rank++) train_state_file(r.m, o.state_dir, rank, o.resume, o.steps);
     const int visible = visible_gpus();  // none: each process says so in one line (no_gpu_error)
     if (visible > 0 && visible < o.nproc && !o.host_comm)
         usage_error("--nproc " + std::to_string(o.nproc) + " starts one process per GPU, but this machine shows " +

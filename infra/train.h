@@ -78,10 +78,20 @@ std::string shell_quote(const std::string& s);
 std::string json_number(double v, const char* fmt);
 std::string json_escape(const std::string& s);
 std::string command_line(const Options& o);
-// Every output path of the run (--log, --dump, --timeline, --mem-trace, --save-to; rank 0's)
-// and --state-dir (every rank's) is checked before any work: a usage error (exit 2) names
-// the one that cannot be written. open_output opens one for writing (nullptr for no path).
-void check_output_paths(const Options& o, bool lead);
+// What a run does with the path a flag names. The flags table (infra/options.cpp) gives each
+// path flag its role; path_flags lists them all with their values in o ("" where not given).
+enum class PathRole { READS_FILE, READS_CHECKPOINT, WRITES_FILE, WRITES_CHECKPOINT, WRITES_STATE };
+struct PathFlag {
+    std::string name;
+    PathRole role;
+    std::string value;
+};
+std::vector<PathFlag> path_flags(const Options& o);
+// Every path the run writes, checked before any work (io/outputs.cpp, io/output_paths.h): each
+// flag's that writes (rank 0's; --state-dir on every rank, with lead false that alone), and
+// none of them a file another flag reads or writes. A usage error (exit 2) names the flags.
+// open_output opens one for writing (nullptr for no path).
+void check_outputs(const Options& o, bool lead);
 FILE* open_output(const std::string& path, const char* flag);
 // The files of io/outputs.cpp, and the technique flags of a step as typed (logs and traces).
 std::string technique_flags(const StepOptions& s);
@@ -130,6 +140,7 @@ struct Launch {
     int rank = 0, world = 1, local_rank = 0;
     int listen_fd = -1;  // rank 0 under ./train --nproc: the rendezvous socket, already listening
     int host_comm_fd = -1;  // under ./train --nproc N --comm host: the ranks' shared memory (infra/comm.cu)
+    bool by_launcher = false;  // started by ./train --nproc N, which checked the run's outputs once for all
     std::string master_addr = "127.0.0.1";
     int master_port = 29500;
 };

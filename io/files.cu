@@ -41,6 +41,8 @@
 
 namespace {
 
+const char* const INDEX_NAME = "model.safetensors.index.json";
+
 bool exists(const std::string& p) {
     struct stat st;
     return stat(p.c_str(), &st) == 0;
@@ -235,13 +237,15 @@ struct HfCheckpoint {
 };
 
 // The files of the checkpoint at `path` (a .safetensors file, a directory with model.safetensors
-// or a sharded index, or the index itself), and the directory its config.json would be in.
-static std::vector<std::string> checkpoint_files(const std::string& path, std::string* dir) {
-    const std::string index = "model.safetensors.index.json";
+// or a sharded index, or the index itself), the index they are listed in ("" for none), and the
+// directory its config.json would be in. A directory holding both is read as transformers reads
+// it: model.safetensors (so an older index beside a newer save cannot stand in for it).
+static std::vector<std::string> checkpoint_files(const std::string& path, std::string* dir, std::string* index) {
     auto shards = [&](const std::string& index_path) {
         std::vector<std::string> files;
         for (const std::string& f : index_shards(read_input_text(index_path, "--init-from"), index_path))
             files.push_back(*dir + "/" + f);
+        *index = index_path;
         return files;
     };
     if (!is_directory(path)) {  // a file (or not a file: Mapped says what is wrong with it)
@@ -250,14 +254,23 @@ static std::vector<std::string> checkpoint_files(const std::string& path, std::s
         return is_index ? shards(path) : std::vector<std::string>{path};
     }
     *dir = path;
-    if (path_present(path + "/" + index)) return shards(path + "/" + index);
     if (path_present(path + "/model.safetensors")) return {path + "/model.safetensors"};
-    usage_error("--init-from '" + path + "': no model.safetensors or " + index + " there");
+    if (path_present(path + "/" + INDEX_NAME)) return shards(path + "/" + INDEX_NAME);
+    usage_error("--init-from '" + path + "': no model.safetensors or " + INDEX_NAME + " there");
+}
+
+std::vector<RunPath> hf_checkpoint_reads(const std::string& flag, const std::string& path) {
+    std::string dir, index;
+    std::vector<RunPath> reads;
+    for (const std::string& f : checkpoint_files(path, &dir, &index)) reads.push_back({flag, f, RunPath::READS});
+    if (!index.empty()) reads.push_back({flag, index, RunPath::READS});
+    if (path_present(dir + "/config.json")) reads.push_back({flag, dir + "/config.json", RunPath::READS});
+    return reads;
 }
 
 static void open_hf_checkpoint(const Model& m, const std::string& path, HfCheckpoint& ck) {
-    std::string dir;
-    const std::vector<std::string> files = checkpoint_files(path, &dir);
+    std::string dir, index;
+    const std::vector<std::string> files = checkpoint_files(path, &dir, &index);
     // Present means checked: a config.json that is a dangling link or a FIFO is refused, not skipped.
     if (path_present(dir + "/config.json"))
         check_hf_config(m.cfg, read_input_text(dir + "/config.json", "--init-from"), dir + "/config.json");
@@ -319,8 +332,34 @@ void load_hf_checkpoint(Model& m, const std::string& path, cudaStream_t s) {
 }
 
 // =============================================================================================
-// Writing a Hugging Face checkpoint. unit_data(u) returns unit u's parameters (layout order);
-// every rank calls it (under --fsdp it is a gather), only `lead` writes.
+// Writing a Hugging Face checkpoint.
+
+// An index in the folder a save writes, and the shards it names: an older checkpoint's files,
+// which the save removes once its own are in place (a reader that took the index would read
+// the old weights). An index that cannot be read names no shards; it goes alone.
+static std::vector<std::string> stale_checkpoint_files(const std::string& dir) {
+    const std::string index = dir + "/" + INDEX_NAME;
+    if (!path_present(index)) return {};
+    std::vector<std::string> files = {index};
+    try {
+        for (const std::string& shard : index_shards(read_input_text(index, "--save-to"), index))
+            if (shard != "model.safetensors" && shard != "config.json") files.push_back(dir + "/" + shard);
+    } catch (const Fatal&) {  // the index goes alone
+    }
+    return files;
+}
+
+std::vector<RunPath> hf_checkpoint_writes(const std::string& flag, const std::string& dir) {
+    std::vector<RunPath> paths = {{flag, dir, RunPath::WRITES_FOLDER}};
+    if (!is_directory(dir)) return paths;  // a new folder holds nothing yet
+    for (const char* name : {"model.safetensors", "config.json"})
+        for (const char* tail : {"", ".tmp"}) paths.push_back({flag, dir + "/" + name + tail, RunPath::WRITES_FILE});
+    for (const std::string& f : stale_checkpoint_files(dir)) paths.push_back({flag, f, RunPath::WRITES_FILE});
+    return paths;
+}
+
+// unit_data(u) returns unit u's parameters (layout order); every rank calls it (under --fsdp it
+// is a gather), only `lead` writes.
 void write_hf_checkpoint(const std::string& dir, const LlamaConfig& c, const ParamLayout& lay, bool bf16, bool lead,
                          const std::function<std::vector<float>(int)>& unit_data) {
     if (lead) make_dirs(dir);
@@ -386,6 +425,8 @@ void write_hf_checkpoint(const std::string& dir, const LlamaConfig& c, const Par
         std::string js = hf_config_json(c, bf16);
         cfg.write(js.data(), js.size());
         cfg.commit();
+        for (const std::string& f : stale_checkpoint_files(dir)) unlink(f.c_str());
+        fsync_dir(dir);
     }
 }
 
@@ -430,6 +471,39 @@ struct StateHeader {
     char magic[8] = {'L', 'L', 'S', 'T', 'A', 'T', 'E', '2'};
     int64_t step, data_state, world, rank, fsdp, local_params, layout_total, dim, layers, vocab, vocab_pieces;
 };
+
+// "step-N": the folders save_train_state makes (at most 18 digits: N fits in an int64).
+bool is_step_name(const std::string& name) {
+    if (name.size() < 6 || name.size() > 23 || name.rfind("step-", 0) != 0) return false;
+    return std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+bool is_rank_file(const std::string& name) {
+    const size_t n = name.size();
+    return n > 11 && name.rfind("rank-", 0) == 0 && name.compare(n - 6, 6, ".state") == 0 &&
+           std::all_of(name.begin() + 5, name.end() - 6, [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The names in folder dir that pass `keep`, sorted.
+std::vector<std::string> names_in(const std::string& dir, bool (*keep)(const std::string&)) {
+    std::vector<std::string> names;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d))
+            if (keep(e->d_name)) names.push_back(e->d_name);
+        closedir(d);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+// n bytes of fd at offset `at`, or a runtime error naming the file.
+void pread_all(int fd, void* to, size_t n, off_t at, const std::string& path) {
+    for (size_t done = 0; done < n;) {
+        const ssize_t got = pread(fd, (char*)to + done, n - done, at + (off_t)done);
+        if (got <= 0)
+            runtime_error("--resume: reading '" + path + "' failed: " + (got < 0 ? strerror(errno) : "the file is shorter than it was"));
+        done += (size_t)got;
+    }
+}
 }  // namespace
 
 void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t data_state, cudaStream_t s,
@@ -454,38 +528,97 @@ void save_train_state(Model& m, const std::string& dir, int64_t step, uint64_t d
     f.commit();
     m.comm->all_reduce(m.scalars + 3, 1, DType::F32, s);  // barrier: every rank's file is in place
     comm_sync(m.comm, s, timeout_s);
-    if (rank == 0) {
-        std::string prev;
-        if (exists(dir + "/latest")) prev = read_input_text(dir + "/latest", "--state-dir");
-        AtomicFile latest(dir + "/latest");
-        std::string name = "step-" + std::to_string(step);
-        latest.write(name.data(), name.size());
-        latest.commit();
-        // Keep this state and the one before; older ones go.
-        if (DIR* d = opendir(dir.c_str())) {
-            while (dirent* e = readdir(d)) {
-                std::string n = e->d_name;
-                if (n.rfind("step-", 0) != 0 || n == name || n == prev) continue;
-                std::string sub = dir + "/" + n;
-                if (DIR* d2 = opendir(sub.c_str())) {
-                    while (dirent* e2 = readdir(d2))
-                        if (e2->d_name[0] != '.') unlink((sub + "/" + e2->d_name).c_str());
-                    closedir(d2);
-                }
-                rmdir(sub.c_str());
-            }
-            closedir(d);
+    if (rank != 0) return;
+    std::string prev;
+    if (exists(dir + "/latest")) prev = read_input_text(dir + "/latest", "--state-dir");
+    if (!prev.empty() && prev.back() == '\n') prev.pop_back();  // as `echo step-4 > latest` writes it
+    AtomicFile latest(dir + "/latest");
+    const std::string name = "step-" + std::to_string(step);
+    latest.write(name.data(), name.size());
+    latest.commit();
+    // Keep this state and the one before; the older step folders' files go (check_outputs saw
+    // to it that no other flag's file is among them).
+    for (const std::string& n : names_in(dir, is_step_name)) {
+        if (n == name || n == prev) continue;
+        const std::string sub = dir + "/" + n;
+        if (DIR* d2 = opendir(sub.c_str())) {
+            while (dirent* e2 = readdir(d2))
+                if (e2->d_name[0] != '.') unlink((sub + "/" + e2->d_name).c_str());
+            closedir(d2);
         }
+        rmdir(sub.c_str());
     }
 }
 
-// "step-N": what save_train_state writes into `latest`.
-static bool is_step_name(const std::string& name) {
-    if (name.size() < 6 || name.size() > 24 || name.rfind("step-", 0) != 0) return false;
-    return std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+std::vector<RunPath> train_state_writes(const std::string& flag, const std::string& dir) {
+    std::vector<RunPath> paths = {{flag, dir, RunPath::WRITES_FOLDER}};
+    if (!is_directory(dir)) return paths;  // a new folder holds nothing yet
+    paths.push_back({flag, dir + "/latest", RunPath::WRITES_FILE});
+    paths.push_back({flag, dir + "/latest.tmp", RunPath::WRITES_FILE});
+    for (const std::string& step : names_in(dir, is_step_name)) {
+        paths.push_back({flag, dir + "/" + step, RunPath::CLEARS_FOLDER});
+        for (const std::string& rank : names_in(dir + "/" + step, is_rank_file))
+            paths.push_back({flag, dir + "/" + step + "/" + rank, RunPath::WRITES_FILE});
+    }
+    return paths;
 }
 
-std::string train_state_file(const Model& m, const std::string& dir, int rank, bool resume) {
+// The header of a training state file and the file's size, read with fstat and pread: a state
+// may be tens of GB, more than the address space a process is given, and nothing more than its
+// header is needed to check it.
+static StateHeader read_state_header(const std::string& path, int64_t* size) {
+    const int fd = open_input_file(path, "--resume");
+    struct stat st {};
+    StateHeader h;
+    if (fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof h) {
+        close(fd);
+        usage_error("--resume: '" + path + "' is truncated or corrupt: " + std::to_string(st.st_size) +
+                    " bytes, less than a state's header (" + std::to_string(sizeof h) + ")");
+    }
+    pread_all(fd, &h, sizeof h, 0, path);
+    close(fd);
+    *size = st.st_size;
+    return h;
+}
+
+// Whether a state's header and size hold together, and fit this run; each fault its own message.
+// data_state needs no check: any 64-bit value is a state of the sampler.
+static void check_state_header(const StateHeader& h, int64_t size, const Model& m, int rank, const std::string& path,
+                               int64_t folder_step, int64_t last_step) {
+    const std::string file = "--resume: '" + path + "'";
+    if (memcmp(h.magic, "LLSTATE1", 8) == 0)
+        usage_error(file + " was written by an earlier version, whose shards follow other units; "
+                    "its weights can still come in through a --save-to checkpoint and --init-from");
+    if (memcmp(h.magic, "LLSTATE2", 8) != 0) usage_error(file + " is not a training state file");
+    // The header, then three arrays of local_params floats: master weights and the two moments.
+    const int64_t arrays = size - (int64_t)sizeof h;
+    if (h.local_params < 0 || arrays % 12 != 0 || h.local_params != arrays / 12) {
+        const bool sized = h.local_params >= 0 && h.local_params <= INT64_MAX / 16;
+        usage_error(file + " is truncated or corrupt: " + std::to_string(size) + " bytes, where its header's " +
+                    std::to_string(h.local_params) + " parameters per GPU make " +
+                    (sized ? std::to_string(sizeof h + 12 * h.local_params) + " bytes" : std::string("no possible size")));
+    }
+    auto mismatch = [&](const char* what, int64_t in_file, int64_t now) {
+        if (in_file != now)
+            usage_error(file + " was written with " + what + " " + std::to_string(in_file) + ", this run has " +
+                        std::to_string(now));
+    };
+    mismatch("GPUs", h.world, m.world);
+    mismatch("rank", h.rank, rank);
+    mismatch("--fsdp", h.fsdp, m.opt.fsdp);
+    mismatch("hidden size", h.dim, m.cfg.dim);
+    mismatch("layers", h.layers, m.cfg.n_layers);
+    mismatch("vocabulary", h.vocab, m.cfg.vocab);
+    mismatch("vocabulary pieces", h.vocab_pieces, m.layout.vocab_pieces());  // they cut the FSDP shards
+    mismatch("parameters in all", h.layout_total, m.layout.total);
+    mismatch("parameters per GPU", h.local_params, m.states.count);
+    if (h.step < 0 || h.step > last_step)
+        usage_error(file + " holds step " + std::to_string(h.step) + ", outside [0, --steps " + std::to_string(last_step) + "]");
+    if (h.step != folder_step)
+        usage_error(file + " holds step " + std::to_string(h.step) + ", but its folder is step-" + std::to_string(folder_step));
+}
+
+std::string train_state_file(const Model& m, const std::string& dir, int rank, bool resume, int64_t last_step) {
     const std::string pointer = dir + "/latest";
     if (!path_present(pointer)) return "";  // lstat: a dangling link is present, and refused below
     std::string name = read_input_text(pointer, "--state-dir", 64);  // a link to nowhere or to itself, a folder: refused
@@ -497,44 +630,31 @@ std::string train_state_file(const Model& m, const std::string& dir, int rank, b
         usage_error("--state-dir: '" + pointer + "' names " + name + ", which is not a folder of '" + dir + "'");
     if (!resume) return "";
     const std::string path = dir + "/" + name + "/rank-" + std::to_string(rank) + ".state";
-    Mapped f(path, "--resume");
-    StateHeader h;
-    if (f.size < sizeof h) usage_error("--resume: '" + path + "' is truncated");
-    memcpy(&h, f.data, sizeof h);
-    if (memcmp(h.magic, "LLSTATE1", 8) == 0)
-        usage_error("--resume: '" + path + "' was written by an earlier version, whose shards follow other units; "
-                    "its weights can still come in through a --save-to checkpoint and --init-from");
-    if (memcmp(h.magic, "LLSTATE2", 8) != 0) usage_error("--resume: '" + path + "' is not a training state file");
-    auto mismatch = [&](const char* what, int64_t file, int64_t now) {
-        if (file != now)
-            usage_error("--resume: '" + path + "' was written with " + what + " " + std::to_string(file) + ", this run has " +
-                        std::to_string(now));
-    };
-    mismatch("GPUs", h.world, m.world);
-    mismatch("rank", h.rank, rank);
-    mismatch("--fsdp", h.fsdp, m.opt.fsdp);
-    mismatch("hidden size", h.dim, m.cfg.dim);
-    mismatch("layers", h.layers, m.cfg.n_layers);
-    mismatch("vocabulary", h.vocab, m.cfg.vocab);
-    mismatch("vocabulary pieces", h.vocab_pieces, m.layout.vocab_pieces());  // they cut the FSDP shards
-    mismatch("parameters per GPU", h.local_params, m.states.count);
-    if (f.size != sizeof h + 3 * (size_t)m.states.count * sizeof(float))
-        usage_error("--resume: '" + path + "' is truncated or corrupt");
+    int64_t size = 0;
+    const StateHeader h = read_state_header(path, &size);
+    check_state_header(h, size, m, rank, path, std::stoll(name.substr(5)), last_step);
     return path;
 }
 
-bool load_train_state(Model& m, const std::string& dir, int64_t* step, uint64_t* data_state, cudaStream_t s) {
-    const std::string path = train_state_file(m, dir, m.comm->rank, true);
+bool load_train_state(Model& m, const std::string& dir, int64_t last_step, int64_t* step, uint64_t* data_state,
+                      cudaStream_t s) {
+    const std::string path = train_state_file(m, dir, m.comm->rank, true, last_step);
     if (path.empty()) return false;
-    Mapped f(path, "--resume");
-    StateHeader h;
-    memcpy(&h, f.data, sizeof h);
-    const uint8_t* p = f.data + sizeof h;
-    for (float* arr : {m.states.master, m.states.adam_m, m.states.adam_v}) {  // on s, which the step uses: the wait below covers them
-        CUDA_CHECK(cudaMemcpyAsync(arr, p, m.states.count * sizeof(float), cudaMemcpyHostToDevice, s));
-        p += m.states.count * sizeof(float);
-    }
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    int64_t size = 0;
+    const StateHeader h = read_state_header(path, &size);
+    // Read, not mapped, through one host buffer of at most 64 MiB: a state may be larger than the
+    // address space a process is given. On s, after the weights' initialization there.
+    const int fd = open_input_file(path, "--resume");
+    std::vector<float> buf((size_t)std::min<int64_t>(m.states.count, 16 << 20));
+    off_t at = sizeof h;
+    for (float* arr : {m.states.master, m.states.adam_m, m.states.adam_v})
+        for (int64_t done = 0, n; done < m.states.count; done += n, at += n * sizeof(float)) {
+            n = std::min<int64_t>((int64_t)buf.size(), m.states.count - done);
+            pread_all(fd, buf.data(), n * sizeof(float), at, path);
+            CUDA_CHECK(cudaMemcpyAsync(arr + done, buf.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
+            CUDA_CHECK(cudaStreamSynchronize(s));  // the buffer is reused
+        }
+    close(fd);
     *step = h.step;
     *data_state = (uint64_t)h.data_state;
     return true;

@@ -17,9 +17,6 @@
 
 // =============================================================================================
 // Opening files
-namespace {
-
-// What a stat result is when it is not a regular file; "" when it is one.
 std::string not_a_file(const struct stat& st) {
     if (S_ISREG(st.st_mode)) return "";
     if (S_ISDIR(st.st_mode)) return "a directory, not a file";
@@ -38,8 +35,6 @@ std::string stat_failure(const std::string& path, int err) {
     if (err == ELOOP) return "a loop of symbolic links";
     return strerror(err);
 }
-
-}  // namespace
 
 bool path_present(const std::string& path) {
     struct stat st;

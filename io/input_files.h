@@ -13,6 +13,8 @@
 //     transformers' default for Llama.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -25,6 +27,10 @@
 // Opening files. `flag` names where the path came from in messages ("--data", "--init-from").
 
 bool path_present(const std::string& path);  // anything by that name, even a dangling link
+// What a stat result is when it is not a regular file ("a socket, not a regular file"); "" when it is one.
+std::string not_a_file(const struct stat& st);
+// Why stat(path) failed with err, in words ("a loop of symbolic links").
+std::string stat_failure(const std::string& path, int err);
 bool is_directory(const std::string& path);  // following links
 // A descriptor open for reading, or a usage error when path is not a regular file.
 int open_input_file(const std::string& path, const std::string& flag);

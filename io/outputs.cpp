@@ -1,9 +1,44 @@
-// io/outputs.cpp - the files a run writes besides its log: --timeline, --trace, --mem-trace, --dump.
+// io/outputs.cpp - the files a run writes besides its log: --timeline, --trace, --mem-trace, --dump;
+// and the check, before any work, of every path the run writes (check_outputs).
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "infra/memory.h"
 #include "infra/timeline.h"
 #include "infra/train.h"
+#include "io/output_paths.h"
+
+// The paths one path flag reads or writes, by its role in the flags table.
+static std::vector<RunPath> paths_of(const PathFlag& f) {
+    switch (f.role) {
+        case PathRole::READS_FILE: return {{f.name, f.value, RunPath::READS}};
+        case PathRole::READS_CHECKPOINT: return hf_checkpoint_reads(f.name, f.value);
+        case PathRole::WRITES_FILE: return {{f.name, f.value, RunPath::WRITES_FILE}};
+        case PathRole::WRITES_CHECKPOINT: return hf_checkpoint_writes(f.name, f.value);
+        case PathRole::WRITES_STATE: return train_state_writes(f.name, f.value);
+    }
+    return {};
+}
+
+// An output may be written only at the end of a long run, and one that is an input would destroy
+// it (a log opened over the token file truncates it under the run): both are found here, first.
+void check_outputs(const Options& o, bool lead) {
+    std::vector<RunPath> paths;
+    for (const PathFlag& f : path_flags(o)) {
+        if (f.value.empty() || (!lead && f.role != PathRole::WRITES_STATE)) continue;  // every rank writes its state
+        for (const RunPath& p : paths_of(f)) paths.push_back(p);
+    }
+    for (const RunPath& p : paths) check_output_path(p);
+    if (lead) check_distinct(paths);
+}
+
+FILE* open_output(const std::string& path, const char* flag) {
+    if (path.empty()) return nullptr;
+    FILE* f = fopen(path.c_str(), "w");
+    if (!f) usage_error(std::string("cannot write ") + flag + " file '" + path + "': " + strerror(errno));
+    return f;
+}
 
 std::string technique_flags(const StepOptions& s) {
     std::string flags;

@@ -890,7 +890,7 @@ TEST(Binary, UnwritableOutputsAreRefusedBeforeAnyWork) {
                               "--config tiny --steps 1 --save-to /nonexistent/out",
                               "--config tiny --steps 1 --state-dir /nonexistent/state"})
         expect_exit(flags, 2, "'/nonexistent' does not exist");
-    expect_exit("--config tiny --steps 1 --log tests", 2, "is a folder");
+    expect_exit("--config tiny --steps 1 --log tests", 2, "is a directory, not a file");
     expect_exit("--config tiny --steps 1 --save-to Makefile", 2, "is not a folder");
 }
 

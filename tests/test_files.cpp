@@ -768,6 +768,47 @@ TEST(TokenizeTool, WhatCannotBeReadOrWrittenIsNamed) {
     chmod((dir + "/corpus/locked").c_str(), 0755);
 }
 
+// A run that fails at its very end leaves nothing either: a stdout that is full (/dev/full) or
+// closed cannot take the summary, which goes out before the output is put in place: exit status
+// 1, one line naming stdout, neither the output nor its temporary left. And the report of an
+// internal error never takes the tool for the standard library's `tokenize` (its folder comes
+// first on sys.path when it runs): one line still, no traceback. A message about a flag's value
+// names the flag.
+TEST(TokenizeTool, AFailedStdoutOrABugLeavesNoOutputAndOneLine) {
+    if (!have_tokenizer_tool()) GTEST_SKIP() << "run from the repository root, with python3";
+    const std::string dir = tmpdir("tokenize_stdout"), out = dir + "/out.bin", err = dir + "/err";
+    write_text(dir + "/a.txt", "a document");
+    const std::string tool = "python3 tools/tokenize.py --bytes --out " + out + " " + dir + "/a.txt 2>" + err;
+    for (const auto& [redirect, why] : {std::make_pair(" >/dev/full", "(No space left on device)"),
+                                        std::make_pair(" >&-", "(stdout is closed)")}) {
+        SCOPED_TRACE(redirect);
+        const CommandResult r = run_command(tool + redirect + "; echo exit $?");
+        EXPECT_EQ(r.output, "exit 1\n");
+        const std::string said = read_text_file(err);
+        EXPECT_EQ(said, "tokenize.py: cannot write the summary to stdout " + std::string(why) + ": no output written\n");
+        EXPECT_EQ(run_command("ls -a " + dir).output, ".\n..\na.txt\nerr\n") << "an output was left behind";
+    }
+    // The tool as `python3 tools/tokenize.py` runs it (tools/ first on sys.path), its run() broken.
+    write_text(dir + "/broken.py",
+               "import importlib.util, sys\n"
+               "sys.path.insert(0, 'tools')\n"
+               "spec = importlib.util.spec_from_file_location('tool', 'tools/tokenize.py')\n"
+               "tool = importlib.util.module_from_spec(spec)\n"
+               "spec.loader.exec_module(tool)\n"
+               "def broken(args):\n"
+               "    raise RuntimeError('made to fail')\n"
+               "tool.run = broken\n"
+               "tool.main(['--bytes', '--out', sys.argv[1], sys.argv[2]])\n");
+    const CommandResult r = run_command("python3 " + dir + "/broken.py " + out + " " + dir + "/a.txt");
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_EQ(r.output.rfind("tokenize.py: internal error (a bug): RuntimeError: made to fail at ", 0), 0u) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    expect_refused("python3 tools/tokenize.py --tokenizer " + dir + " --out " + out + " " + dir + "/a.txt",
+                   run_command("python3 -c 'import tokenizers'").code == 0 ? "--tokenizer " + dir + ": no tokenizer.json"
+                                                                            : "--tokenizer needs the `tokenizers` package",
+                   out);
+}
+
 // A Hugging Face tokenizer.json through the `tokenizers` package (where it is installed): a word
 // level one written here, its BOS from tokenizer_config.json; text that is not UTF-8 refused.
 TEST(TokenizeTool, HuggingFaceTokenizerWhereInstalled) {
@@ -977,6 +1018,90 @@ TEST(Resume, BadStateIsRefusedBeforeTheGpu) {
     std::ofstream(dir + "/step-4/rank-0.state") << std::string(200, 'x');
     expect(" --resume", "is not a training state file");
     expect(" --resume --nproc 2", "is not a training state file");  // said once, before the ranks start
+}
+
+// A training state written by hand as save_train_state writes it: "LLSTATE2", then eleven int64
+// (step, the sampler's state, GPUs, rank, --fsdp, parameters per GPU, parameters in all, hidden
+// size, layers, vocabulary, vocabulary pieces), then three arrays of parameters-per-GPU floats,
+// here a hole in a sparse file (a 38 GB state takes no disk).
+struct HandState {
+    std::string magic = "LLSTATE2";
+    int64_t field[11];
+    int64_t bytes;  // the file's size
+    HandState(const Model& m, int64_t step) {
+        const int64_t f[11] = {step, 77, m.world, 0, m.opt.fsdp, m.states.count, m.layout.total, m.cfg.dim,
+                               m.cfg.n_layers, m.cfg.vocab, m.layout.vocab_pieces()};
+        std::copy(f, f + 11, field);
+        bytes = 96 + 12 * m.states.count;
+    }
+    void write(const std::string& path) const {
+        std::ofstream(path, std::ios::binary | std::ios::trunc).write(magic.data(), 8).write((const char*)field, 88);
+        ASSERT_EQ(truncate(path.c_str(), bytes), 0);
+    }
+};
+
+// --resume checks the whole header and the file's size before the GPU opens, each fault in its
+// own words: the step within [0, --steps] and that of its folder, every field against this run,
+// the size against what the header implies ("truncated or corrupt"); a state that passes goes on
+// to the GPU (exit 1 without one).
+TEST(Resume, EveryHeaderFieldAndTheSizeAreChecked) {
+    if (!have_train()) GTEST_SKIP() << "./train not built";
+    const std::string dir = tmpdir("state_fields"), file = dir + "/step-4/rank-0.state";
+    mkdir((dir + "/step-4").c_str(), 0755);
+    std::ofstream(dir + "/latest") << "step-4";
+    DryModel dm(config_by_name("tiny"), false, 1, 0);
+    const HandState good(dm.m, 4);
+    const std::string run = "./train --config tiny --seq-len 128 --steps 10 --state-dir " + dir + " --resume";
+    good.write(file);
+    const Result passed = sh(run);
+    EXPECT_NE(passed.code, 2) << passed.output;
+    EXPECT_EQ(passed.output.find("--resume"), std::string::npos) << passed.output;
+    auto expect = [&](const std::function<void(HandState&)>& change, int code, const std::string& why) {
+        SCOPED_TRACE(why);
+        HandState s = good;
+        change(s);
+        s.write(file);
+        const Result r = sh(run);
+        EXPECT_EQ(r.code, code) << r.output;
+        EXPECT_NE(r.output.find(why), std::string::npos) << r.output;
+    };
+    expect([](HandState& s) { s.field[0] = -1; }, 2, "holds step -1, outside [0, --steps 10]");
+    expect([](HandState& s) { s.field[0] = 1LL << 40; }, 2, "holds step 1099511627776, outside [0, --steps 10]");
+    expect([](HandState& s) { s.field[0] = 3; }, 2, "holds step 3, but its folder is step-4");
+    expect([](HandState& s) { s.bytes -= 4; }, 2, "is truncated or corrupt");
+    expect([](HandState& s) { s.bytes += 12; }, 2, "is truncated or corrupt");
+    expect([](HandState& s) { s.bytes = 50; }, 2, "is truncated or corrupt: 50 bytes, less than a state's header (96)");
+    expect([](HandState& s) { s.field[5] = 1LL << 62; }, 2, "is truncated or corrupt");
+    expect([](HandState& s) { s.field[5] -= 1, s.bytes -= 12; }, 2, "parameters per GPU " + std::to_string(dm.m.states.count - 1));
+    expect([](HandState& s) { s.magic = "LLSTATE1"; }, 2, "was written by an earlier version");
+    const std::pair<int, std::string> fields[] = {{2, "GPUs 2"}, {3, "rank 2"}, {4, "--fsdp 2"}, {6, "parameters in all"},
+                                                  {7, "hidden size"}, {8, "layers 3"}, {9, "vocabulary"},
+                                                  {10, "vocabulary pieces 2"}};
+    for (const auto& [at, says] : fields)
+        expect([at = at](HandState& s) { s.field[at] = at == 3 || at == 4 ? 2 : s.field[at] + 1; }, 2, "written with " + says);
+}
+
+// A 3B model's state (38.6 GB) is checked under an 8 GiB address-space limit: its header is read,
+// not the file mapped, so the run goes on to the GPU (which the limit or its absence then stops,
+// with exit 1), and a state one float short is "truncated or corrupt" there too.
+TEST(Resume, AStateLargerThanTheAddressSpaceIsCheckedUnmapped) {
+    if (!have_train()) GTEST_SKIP() << "./train not built";
+    const std::string dir = tmpdir("state_large");
+    mkdir((dir + "/step-2").c_str(), 0755);
+    std::ofstream(dir + "/latest") << "step-2";
+    DryModel dm(config_by_name("llama3.2-3b"), false, 1, 0);
+    HandState s(dm.m, 2);
+    ASSERT_GT(s.bytes, 30LL << 30);
+    s.write(dir + "/step-2/rank-0.state");
+    const std::string run = "ulimit -v 8388608; ./train --config llama3.2-3b --seq-len 64 --steps 4 --state-dir " + dir + " --resume";
+    Result r = sh(run);
+    EXPECT_NE(r.code, 2) << r.output;
+    EXPECT_EQ(r.output.find("--resume"), std::string::npos) << r.output;
+    s.bytes -= 4;
+    s.write(dir + "/step-2/rank-0.state");
+    r = sh(run);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("is truncated or corrupt"), std::string::npos) << r.output;
 }
 
 TEST(Resume, AfterAKillAtAnyMoment) {

@@ -243,6 +243,7 @@ TEST(InputFiles, EveryJsonFileIsReadStrictly) {
         unlink((d + "/config.json").c_str());
         write_file(d + "/model.safetensors", safetensors("{\"__metadata__\": {\"a\": " + bad + "}}", 0));
         expect_usage_error([&] { check_hf_checkpoint(dm.m, d); }, {d + "/model.safetensors: ", why});
+        unlink((d + "/model.safetensors").c_str());  // a folder holding both is read through model.safetensors
         write_file(d + "/model.safetensors.index.json", "{\"metadata\": " + bad + ", \"weight_map\": {}}");
         expect_usage_error([&] { check_hf_checkpoint(dm.m, d); }, {d + "/model.safetensors.index.json: ", why});
         unlink((d + "/model.safetensors.index.json").c_str());

@@ -42,16 +42,28 @@ status 2, in bounded time and memory:
     folder that can be written. The output file and its temporary are never read back, known by
     their identity (st_dev, st_ino) rather than their names: inside an input folder they are
     left out with a note; named as an INPUT, refused.
-Other exit statuses: 1 an internal error (a bug, said in one line), 3 out of memory, 130
-interrupted; no output file is left behind by any of them.
+The summary goes to stdout before the output file is put in place: a stdout that cannot take
+it (closed, or full: > /dev/full) fails the run (exit status 1). Other exit statuses: 1 an
+internal error (a bug, said in one line), 3 out of memory, 130 interrupted (128 + the signal for
+SIGTERM and SIGHUP); no output file is left behind by any of them. A stderr that cannot be
+written is passed over: the exit status still tells.
 """
+import os
+import sys
+
+# This file is named tokenize.py. Run as a script, its folder comes first on sys.path, and the
+# standard library's `import tokenize` (linecache's, so traceback's and every error report's)
+# would find this file instead: the folder goes before anything else is imported.
+HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != HERE]
+
 import argparse
 import array
+import errno
 import json
-import os
+import signal
 import stat
 import struct
-import sys
 import time
 import traceback
 
@@ -69,10 +81,33 @@ class InputError(Exception):
     """Bad input or usage: the message names the file (or the flag); exit status 2."""
 
 
+class StdoutError(Exception):
+    """The summary could not be written to stdout: the run fails, exit status 1."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP: ends the run as Ctrl-C does, the temporary file removed."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def to_stderr(text):
+    """text on stderr, unless stderr is closed or cannot be written."""
+    if sys.stderr is None:
+        return
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
 def say(message):
     """One line on stderr, its unprintable characters (a newline in a file name) escaped."""
     shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
-    print(f"tokenize.py: {shown}", file=sys.stderr)
+    to_stderr(f"tokenize.py: {shown}\n")
 
 
 def kind(mode):
@@ -341,16 +376,19 @@ class HfTokenizer:
             raise InputError("--tokenizer needs the `tokenizers` package (pip install tokenizers); --bytes needs none")
         file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
         if not os.path.isfile(file):
-            raise InputError(f"{path}: no tokenizer.json")
+            raise InputError(f"--tokenizer {path}: no tokenizer.json")
         try:
             self.tok = tokenizers.Tokenizer.from_file(file)
         except BaseException as e:  # the package's own errors, and a Rust panic (a BaseException)
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            if isinstance(e, (KeyboardInterrupt, SystemExit, Interrupted)):
                 raise
-            raise InputError(f"{file}: not a tokenizer ({e})")
+            raise InputError(f"--tokenizer {file}: not a tokenizer ({e})")
         self.vocab = self.tok.get_vocab_size(with_added_tokens=True)
-        self.bos = self.special(file, "bos_token")
-        self.eos = self.special(file, "eos_token")
+        try:
+            self.bos = self.special(file, "bos_token")
+            self.eos = self.special(file, "eos_token")
+        except InputError as e:  # tokenizer_config.json beside it: the flag that led there named
+            raise InputError(f"--tokenizer: {e}")
 
     def special(self, file, key):
         """The id of tokenizer_config.json's bos_token or eos_token, if both are there."""
@@ -471,22 +509,42 @@ class Progress:
             return
         self.last, self.shown = now, True
         rate = tokens / (now - self.start)
-        sys.stderr.write(f"\r  {docs} documents, {nbytes / 2**20:.1f} MiB read, {tokens} tokens, {rate:,.0f} tokens/s   ")
-        sys.stderr.flush()
+        to_stderr(f"\r  {docs} documents, {nbytes / 2**20:.1f} MiB read, {tokens} tokens, {rate:,.0f} tokens/s   ")
 
     def done(self):
         if self.shown:
-            sys.stderr.write("\n")
+            to_stderr("\n")
             self.shown = False
 
 
-def summary(lengths, tokens, skipped, seconds, out):
+def summary(lengths, tokens, skipped, seconds, out, vocab):
     lengths = sorted(lengths)
     pick = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]
-    print(f"{out}: {len(lengths)} documents, {tokens} tokens ({tokens / max(seconds, 1e-9):,.0f} tokens/s)"
-          + (f"; {skipped} empty documents left out" if skipped else ""))
-    print(f"  document length in tokens: min {lengths[0]}, median {pick(0.5)}, 90% {pick(0.9)}, "
-          f"max {lengths[-1]}, mean {tokens / len(lengths):.1f}")
+    return (f"{out}: {len(lengths)} documents, {tokens} tokens ({tokens / max(seconds, 1e-9):,.0f} tokens/s)"
+            + (f"; {skipped} empty documents left out" if skipped else "") + "\n"
+            + f"  document length in tokens: min {lengths[0]}, median {pick(0.5)}, 90% {pick(0.9)}, "
+            f"max {lengths[-1]}, mean {tokens / len(lengths):.1f}\n"
+            + f"  vocabulary {vocab} (a --config with at least that many tokens reads it)\n")
+
+
+def to_stdout(text):
+    """text on stdout, flushed: a StdoutError where stdout is closed or cannot take it."""
+    try:
+        if sys.stdout is None:
+            raise OSError(errno.EBADF, "stdout is closed")
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        raise StdoutError(f"cannot write the summary to stdout ({e.strerror}): no output written")
+
+
+def silence_stdout():
+    """Point a stdout that failed at /dev/null, so that the interpreter's last flush of what it
+    still holds does not fail again (a second report, another exit status)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # no stdout at all
+        pass
 
 
 def run(args):
@@ -517,13 +575,12 @@ def run(args):
         progress.done()
         if not lengths:
             raise InputError(f"{', '.join(args.inputs)}: an empty corpus (no document holds a token)")
-        writer.commit()
+        to_stdout(summary(lengths, writer.tokens, skipped, time.monotonic() - t0, args.out, tok.vocab))
+        writer.commit()  # the last step: whatever fails before it leaves no output
     except BaseException:
         progress.done()  # the message starts a line of its own
         writer.abandon()
         raise
-    summary(lengths, writer.tokens, skipped, time.monotonic() - t0, args.out)
-    print(f"  vocabulary {tok.vocab} (a --config with at least that many tokens reads it)")
 
 
 def positive_int(text):
@@ -564,14 +621,25 @@ def main(argv=None):
         run(args)
     except InputError as e:
         fail(str(e), 2)
+    except StdoutError as e:
+        silence_stdout()
+        fail(str(e), 1)
     except MemoryError:
         fail("out of memory (a smaller --max-doc-bytes bounds one document's share)", 3)
     except KeyboardInterrupt:
         fail("interrupted", 130)
+    except Interrupted as e:
+        fail(f"interrupted ({signal.Signals(e.signum).name})", 128 + e.signum)
     except Exception as e:  # a bug: said in one line, with the place it happened
         where = traceback.extract_tb(e.__traceback__)[-1]
         fail(f"internal error (a bug): {type(e).__name__}: {e} at {os.path.basename(where.filename)}:{where.lineno}", 1)
 
 
+def interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
 if __name__ == "__main__":
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupted)
     main()

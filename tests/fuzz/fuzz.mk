@@ -1,8 +1,10 @@
-# tests/fuzz/fuzz.mk - the fuzz targets of the input readers, included by the Makefile.
+# tests/fuzz/fuzz.mk - the fuzz targets of the input readers and the output checks, included by
+# the Makefile.
 #
 # One libFuzzer target per reader of io/input_files.h: the token file, the safetensors header,
-# config.json and the sharded index (tests/fuzz/fuzz_*.cpp, each with its own oracle and seeds
-# under tests/fuzz/seeds/). Each is built by clang++ from the readers' own sources, with
+# config.json and the sharded index; and one of the checks of the paths a run writes
+# (io/output_paths.h) on file systems its input builds (tests/fuzz/fuzz_*.cpp, each with its own
+# oracle and seeds under tests/fuzz/seeds/). Each is built by clang++ from their own sources, with
 # AddressSanitizer and UndefinedBehaviorSanitizer. `make test` runs each for FUZZ_SECONDS
 # through tests/fuzz/run_fuzz.sh and counts it as one test; without a clang++ that links
 # libFuzzer (Debian: clang, libclang-rt-dev) the targets are not built and their runs skip.
@@ -13,7 +15,8 @@
 FUZZ_CXX     ?= clang++
 FUZZ_SECONDS ?= 40
 FUZZ_FLAGS   := -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I. -Itests/fuzz
-FUZZ_TARGETS := tokens safetensors config index
+FUZZ_TARGETS := tokens safetensors config index outputs
+FUZZ_SOURCES := io/json.cpp io/input_files.cpp io/output_paths.cpp
 FUZZ_RUNS    := $(FUZZ_TARGETS:%=build/fuzz/run_%)
 export FUZZ_SECONDS
 
@@ -23,11 +26,11 @@ all: $(FUZZ_RUNS)
 # A target that fails to compile fails the build, unless clang++ cannot link libFuzzer at all.
 LIBFUZZER_PROBE := echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' | \
                    $(FUZZ_CXX) -x c++ -fsanitize=fuzzer,address,undefined - -o build/fuzz/probe_$* >/dev/null 2>&1
-build/fuzz/fuzz_%: tests/fuzz/fuzz_%.cpp tests/fuzz/oracle.h io/json.cpp io/input_files.cpp io/json.h io/input_files.h infra/common.h
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.cpp tests/fuzz/oracle.h $(FUZZ_SOURCES) io/json.h io/input_files.h io/output_paths.h infra/common.h
 	@mkdir -p build/fuzz
 	@if $(LIBFUZZER_PROBE); then \
-	  echo "$(FUZZ_CXX) $(FUZZ_FLAGS) $< io/json.cpp io/input_files.cpp -o $@"; \
-	  $(FUZZ_CXX) $(FUZZ_FLAGS) $< io/json.cpp io/input_files.cpp -o $@; \
+	  echo "$(FUZZ_CXX) $(FUZZ_FLAGS) $< $(FUZZ_SOURCES) -o $@"; \
+	  $(FUZZ_CXX) $(FUZZ_FLAGS) $< $(FUZZ_SOURCES) -o $@; \
 	else echo "no $(FUZZ_CXX) with libFuzzer: $@ not built, its run will skip"; fi; \
 	status=$$?; rm -f build/fuzz/probe_$*; exit $$status
 

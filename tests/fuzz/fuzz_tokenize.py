@@ -22,7 +22,8 @@ file; no temporary file may be left, nor a new output after a refusal (a stale o
 Most cases run in this process: the tool imported, its main called under an alarm, its read
 size varied from 1 byte to 1 MiB so that lines and files cross chunk boundaries everywhere. One
 case in sixteen, and one in four of those naming an odd file as an INPUT, runs as a user runs
-it: a subprocess with 2 GiB of address space.
+it: a subprocess with 2 GiB of address space; one in four of those with its stdout /dev/full,
+where a run the rules accept must fail with exit status 1, saying so, and leave no output.
 
 Ends with the line tests/run_tests.sh counts: TESTCOUNTS passed=1 when nothing was found;
 failed=1 at the first failure, its case kept under build/fuzz/ with the line that replays it.
@@ -321,6 +322,8 @@ class Case:
         self.argv += [path for path, _ in self.items]
         for path in self.locked:
             os.chmod(path, 0)
+        # A run in a subprocess, one in four: its stdout /dev/full, which cannot take the summary.
+        self.full_stdout = self.in_subprocess and rng.random() < 0.25
 
     def expected(self):
         limit = self.limit or 2**31
@@ -523,11 +526,13 @@ def run_in_process(tool, case):
 def run_subprocess(case):
     limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     try:
-        p = subprocess.run([sys.executable, TOOL] + case.argv, stdin=subprocess.DEVNULL, capture_output=True,
-                           timeout=TIME_LIMIT, preexec_fn=limit)
+        with open("/dev/full" if case.full_stdout else os.devnull, "wb") as full:
+            p = subprocess.run([sys.executable, TOOL] + case.argv, stdin=subprocess.DEVNULL,
+                               stdout=full if case.full_stdout else subprocess.PIPE, stderr=subprocess.PIPE,
+                               timeout=TIME_LIMIT, preexec_fn=limit)
     except subprocess.TimeoutExpired:
         return "timeout", "", ""
-    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    return p.returncode, (p.stdout or b"").decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
 
 
 def read_back(path):
@@ -551,18 +556,41 @@ def read_back(path):
     return [tokens[a:b] for a, b in zip(starts, ends)]
 
 
+def judge_temporary(case):
+    folder = os.path.dirname(case.out) or "."
+    temporary = os.path.basename(case.out) + ".tmp"
+    if case.out and os.path.isdir(folder) and any(n.startswith(temporary) for n in os.listdir(folder)):
+        return "a temporary file left behind"
+    return None
+
+
+def judge_full_stdout(case, code, stderr):
+    """What is wrong with a run whose stdout was /dev/full and that did not refuse its input: it
+    must fail (exit status 1) for want of a stdout, saying so, and leave the output as it was."""
+    want = case.expected()
+    if code != 1:
+        return f"exit status {code} with stdout full"
+    if want.refused is not None and not want.unsure:
+        return "failed for stdout where the input was to be refused"
+    if not stderr.endswith("cannot write the summary to stdout (No space left on device): no output written\n"):
+        return "a stdout that is full, not said"
+    if case.out_event is None and (read_file(case.out) if os.path.lexists(case.out) else None) != case.stale:
+        return "an output left although the run failed"
+    return None
+
+
 def judge(case, code, stdout, stderr):
     """What is wrong with a run (None: nothing)."""
     if code == "timeout":
         return f"took over {TIME_LIMIT} s"
     if "Traceback" in stderr:
         return "a traceback"
+    if case.full_stdout and code != 2:
+        return judge_full_stdout(case, code, stderr) or judge_temporary(case)
     if code not in (0, 2):
         return f"exit status {code}"
-    folder = os.path.dirname(case.out) or "."
-    temporary = os.path.basename(case.out) + ".tmp"
-    if case.out and os.path.isdir(folder) and any(n.startswith(temporary) for n in os.listdir(folder)):
-        return "a temporary file left behind"
+    if judge_temporary(case):
+        return judge_temporary(case)
     want = case.expected()
     if code == 2:
         last = stderr.rstrip("\n").split("\n")[-1]
@@ -639,6 +667,7 @@ def replay(spec):
                 want = case.expected()
                 print(f"argv: {case.argv!r}\nread size {case.chunk}; expected: {len(want.docs)} documents, "
                       f"refused naming one of {want.refused}" + (", or anything" if want.unsure else ""))
+            case.full_stdout = case.full_stdout and how == "in a subprocess"  # in this process stdout is a buffer
             code, stdout, stderr = run_in_process(tool, case) if how == "in this process" else run_subprocess(case)
             problem = judge(case, code, stdout, stderr)
             bad = bad or problem is not None
@@ -660,7 +689,7 @@ def fuzz(seconds, seed):
     tool, seeds = load_tool(), load_seeds()
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # a tmpfs: no disk writes
     scratch = tempfile.mkdtemp(prefix="fuzz_tokenize_", dir=shm)
-    counts, reasons = {"in this process": 0, "in a subprocess": 0, 0: 0, 2: 0}, {}
+    counts, reasons = {"in this process": 0, "in a subprocess": 0, 0: 0, 1: 0, 2: 0}, {}
     start, number = time.monotonic(), 0
     print(f"fuzz_tokenize: seed {seed}, {seconds} s, {len(seeds)} seeds")
     try:
@@ -687,7 +716,8 @@ def fuzz(seconds, seed):
         shutil.rmtree(scratch, ignore_errors=True)
     seconds_run = time.monotonic() - start
     print(f"fuzz_tokenize: {number} cases in {seconds_run:.0f} s ({counts['in this process']} in this process, "
-          f"{counts['in a subprocess']} in a subprocess): {counts[0]} written, {counts[2]} refused; nothing found")
+          f"{counts['in a subprocess']} in a subprocess): {counts[0]} written, {counts[2]} refused, "
+          f"{counts[1]} failed for a full stdout; nothing found")
     top = sorted(reasons.items(), key=lambda kv: -kv[1])[:12]
     print("fuzz_tokenize: refusals by reason: " + "; ".join(f"{r} {n}" for r, n in top))
     print("TESTCOUNTS passed=1 failed=0 skipped=0")

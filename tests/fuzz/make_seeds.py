@@ -95,3 +95,31 @@ put("index", "valid", json.dumps({"metadata": {"total_size": 1234},
 put("index", "one_shard", '{"weight_map":{"a":"model.safetensors"}}')
 put("index", "unicode", '{"weight_map": {"t\\u00e9": "sh\u00e4rd.safetensors", "u": "x\\u0041.safetensors"}}')
 put("index", "path", '{"weight_map": {"a": "../model.safetensors"}}')
+
+
+# outputs: a tree, then the paths of flags. Entries (name, target, kind) and paths (use, name,
+# flag, spelling) are indexes into fuzz_outputs.cpp's tables: names a b c d d/x d/y d/e d/e/z
+# step-1 step-1/r and one of 300 bytes; kinds file, folder, link (absolute, relative), hard
+# link, FIFO, socket, loop; uses read, write a file, write into a folder, clear a folder; flags
+# --log --dump --data --save-to --state-dir --eval-data; spellings as is, ./, //, d/../, a
+# trailing slash, /., relative, over PATH_MAX.
+def outputs(entries, paths):
+    return bytes([len(entries)] + [b for e in entries for b in e] + [len(paths) - 1] + [b for p in paths for b in p])
+
+
+put("outputs", "log_over_data", outputs([(0, 0, 0)], [(0, 0, 2, 0), (1, 0, 0, 1)]))
+put("outputs", "hard_link", outputs([(0, 0, 0), (1, 0, 4)], [(0, 0, 2, 0), (1, 1, 1, 0)]))
+put("outputs", "dangling", outputs([(0, 1, 2)], [(1, 0, 0, 0), (2, 0, 3, 0)]))
+put("outputs", "cleared", outputs([(8, 0, 1), (9, 0, 0)], [(3, 8, 4, 0), (0, 9, 2, 0), (1, 9, 0, 2)]))
+put("outputs", "kinds", outputs([(3, 0, 1), (4, 0, 5), (5, 0, 6), (6, 0, 7)], [(1, 4, 0, 0), (2, 5, 3, 0), (1, 3, 1, 4), (1, 6, 5, 3)]))
+put("outputs", "long", outputs([], [(1, 10, 0, 0), (2, 0, 3, 7)]))
+put("outputs", "new_names", outputs([(3, 0, 1)], [(1, 1, 0, 0), (1, 1, 1, 6), (0, 2, 2, 3)]))
+# What the target found while it was written: a dangling link read inside a cleared folder, a
+# link read that points where a new output will be, a dangling link given as a folder with '/'.
+put("outputs", "dangling_in_cleared", outputs([(8, 0, 1), (9, 0, 3)], [(3, 8, 4, 0), (0, 9, 2, 0), (1, 9, 0, 2)]))
+put("outputs", "link_to_new_output", outputs([(0, 1, 2)], [(1, 1, 0, 0), (0, 10, 0, 4), (0, 0, 2, 0), (3, 0, 0, 0)]))
+put("outputs", "dangling_folder_slash", outputs([(8, 0, 0), (0, 1, 2)], [(3, 0, 0, 4), (2, 0, 3, 4)]))
+# And where the oracle was wrong, found by `make test`: a folder to clear that was no folder
+# until a file was made where a link pointed, and a link to a folder given with a trailing slash.
+put("outputs", "cleared_made_later", bytes.fromhex("040300020800010900000203080400000902000109000201040007000600000605000104050001b800"))
+put("outputs", "link_with_slash", bytes.fromhex("02424a4a4a4a010900030004030031042b040404040402030804043131313131313131313131"))

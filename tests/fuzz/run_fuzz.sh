@@ -17,7 +17,7 @@ if [ ! -x "$bin" ]; then
     exit 0
 fi
 dict=()
-[ "$target" != tokens ] && dict=(-dict="$root/tests/fuzz/json.dict")
+case $target in tokens | outputs) ;; *) dict=(-dict="$root/tests/fuzz/json.dict") ;; esac
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/corpus"
