@@ -37,7 +37,8 @@ LIB_OBJS  := build/llama.o build/fsdp.o build/ulysses.o build/offload.o build/ch
              build/kernels/kernels.o build/kernels/gemm.o build/kernels/attention.o build/kernels/attention_hopper.o \
              build/io/files.o build/io/data.o build/io/json.o build/io/input_files.o build/io/output_paths.o \
              build/infra/memory.o build/infra/comm.o build/infra/rendezvous.o build/infra/timeline.o build/infra/evaluate.o
-APP_OBJS  := build/infra/launch.o build/infra/ladder.o build/infra/options.o build/infra/run.o build/io/outputs.o
+APP_OBJS  := build/infra/launch.o build/infra/ladder.o build/infra/options.o build/infra/plan.o build/infra/run.o \
+             build/infra/report.o build/io/outputs.o
 TEST_BINS := build/tests/test_reference build/tests/test_source build/tests/test_rendezvous build/tests/test_cli build/tests/test_kernels build/tests/test_techniques \
              build/tests/test_attention build/tests/test_model build/tests/test_multi_gpu \
              build/tests/test_files build/tests/test_inputs build/tests/test_outputs build/tests/test_hf build/tests/check_results

@@ -12,7 +12,7 @@
 // pinned host memory on offload.cu's copy stream, as many layers' as --host-mem-gib allows after
 // the block inputs, and come back into one staging slot for the layer's backward; then the device
 // keeps as many more in slots of its own as the room under the cap holds (less 1 GiB;
-// --device-keep-gib bounds it; infra/run.cpp measures the room); the last layer's stays in the staging
+// --device-keep-gib bounds it; infra/plan.cpp measures the room); the last layer's stays in the staging
 // slot; the other layers rerun attention.
 //
 // Rebuilt inputs: where the host holds every block input but not every attention output, leaving

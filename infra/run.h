@@ -73,3 +73,19 @@ void dump_first_step(Run& r, int64_t n_valid);  // --dump: the first step's loss
 void run_eval(Run& r, int step);                // --eval-data: the held-out loss after `step` steps
 // After the last step: every rank's loss and memory, the files asked for, the GPU's resources back.
 void finish(Run& r);
+
+// ---------------------------------------------------------------------------------------------
+// What the run's parts call of each other: infra/plan.cpp (the plan and the choices made from
+// free memory), infra/run.cpp (setup and end), infra/report.cpp (what it prints and logs).
+void check_host_memory(const Run& r);                  // plan.cpp: --host-mem-gib, before a GPU is touched
+std::string next_stage_hint(const Options& o, int world);  // plan.cpp: for an out-of-memory
+std::string plan_text(const Arena& plan, int64_t host_bytes, double runtime_gib, bool runtime_measured);
+void print_attention_plan(const Run& r);               // plan.cpp: selective checkpointing's layers
+void choose_attention(Run& r);                         // plan.cpp: --attention auto, from free memory
+void keep_attention_on_device(Run& r);                 // plan.cpp: =selective --offload's device layers
+void sum_over_ranks(Comm* comm, std::vector<float>& x, cudaStream_t s, double timeout_s);  // run.cpp
+float sum_over_ranks(Comm* comm, float mine, cudaStream_t s, double timeout_s);
+int min_over_ranks(const Run& r, int mine);
+void print_gpu(const Run& r);                          // report.cpp: the GPU, what the runtime holds
+void open_log(Run& r);                                 // report.cpp: rank 0's --log, its setup line
+void print_ranks(Run& r);                              // report.cpp: every rank's last loss and memory

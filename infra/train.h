@@ -1,6 +1,8 @@
 // infra/train.h - the training program's options and pieces that tests call directly.
 #pragma once
 
+#include "io/json.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -72,11 +74,9 @@ std::vector<std::string> split_commas(const std::string& list);
 // The config after --layers, validated against what the kernels support.
 LlamaConfig resolve_config(const Options& o);
 std::string usage_text();
-// One /bin/sh word holding s exactly (the ladder's child runs); a JSON number, null if not finite;
-// a JSON string's inside; the command line as typed, for logs.
+// One /bin/sh word holding s exactly (the ladder's child runs); the command line as typed, for
+// logs (written as JSON through io/json.h's json_escape and json_number).
 std::string shell_quote(const std::string& s);
-std::string json_number(double v, const char* fmt);
-std::string json_escape(const std::string& s);
 std::string command_line(const Options& o);
 // What a run does with the path a flag names. The flags table (infra/options.cpp) gives each
 // path flag its role; path_flags lists them all with their values in o ("" where not given).

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "infra/common.h"
@@ -363,4 +365,25 @@ std::string json_shown(const JsonValue& v) {
         case JsonKind::Object: return "an object";
     }
     return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing: the two pieces the run's logs are made of.
+// Logs and reports.
+std::string json_escape(const std::string& s) {
+    std::string r;
+    for (char ch : s) {
+        if (ch == '"' || ch == '\\') r += '\\', r += ch;
+        else if ((unsigned char)ch < 0x20) { char b[8]; snprintf(b, sizeof b, "\\u%04x", ch); r += b; }
+        else r += ch;
+    }
+    return r;
+}
+
+// A JSON number, or null where the value is not finite (a diverged loss): JSON has no nan.
+std::string json_number(double v, const char* fmt) {
+    if (!std::isfinite(v)) return "null";
+    char buf[64];
+    snprintf(buf, sizeof buf, fmt, v);
+    return buf;
 }

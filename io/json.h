@@ -1,5 +1,5 @@
 // io/json.h - a strict JSON reader (RFC 8259) for the files a run is given: safetensors headers,
-// config.json and model.safetensors.index.json. Host code only (no CUDA), so the fuzz targets of
+// config.json and model.safetensors.index.json; and the two pieces the run's logs are written with. Host code only (no CUDA), so the fuzz targets of
 // tests/fuzz/ build it with clang.
 //
 // These files come from anywhere, so reading one costs time and memory linear in its size,
@@ -131,3 +131,8 @@ std::string json_shown(const JsonValue& v);
 // same in double quotes.
 std::string json_printable(std::string_view s);
 std::string json_quoted(std::string_view s);
+
+// Writing: a JSON string's inside (quotes, backslashes and control characters escaped), and a
+// number in printf's `fmt`, or null where it is not finite (a diverged loss: JSON has no nan).
+std::string json_escape(const std::string& s);
+std::string json_number(double v, const char* fmt);
