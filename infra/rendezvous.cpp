@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -215,12 +216,14 @@ void create_key_file(const std::string& path) {
 
 }  // namespace
 
-std::string rendezvous_new_secret() {
-    const std::string bytes = random_bytes(32);
-    std::string hex;
-    for (unsigned char c : bytes) hex += "0123456789abcdef"[c >> 4], hex += "0123456789abcdef"[c & 15];
-    return hex;
+std::string hex_text(const std::string& bytes) {
+    std::string out;
+    char two[3];
+    for (unsigned char c : bytes) snprintf(two, sizeof two, "%02x", c), out += two;
+    return out;
 }
+
+std::string rendezvous_new_secret() { return hex_text(random_bytes(32)); }
 
 std::string rendezvous_key_file(const std::string& path) {
     std::string secret;

@@ -38,8 +38,9 @@ std::string rendezvous_secret();
 // The key file at `path`, made (mode 0600, a fresh random key) when it does not exist; refused
 // (exit code 2) when it is not the user's own or group or others may read or write it.
 std::string rendezvous_key_file(const std::string& path);
-// 64 hex digits from the kernel's random source.
+// 64 hex digits from the kernel's random source; bytes as hex digits, two a byte.
 std::string rendezvous_new_secret();
+std::string hex_text(const std::string& bytes);
 // The job the launcher names (PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid, SLURM_JOB_ID), or "":
 // a rank of another job that reaches this run's port is refused even with the user's own key.
 std::string rendezvous_run_name();

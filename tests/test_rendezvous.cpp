@@ -32,11 +32,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-std::string hex(const std::string& bytes) {
-    std::string out;
-    for (unsigned char c : bytes) out += "0123456789abcdef"[c >> 4], out += "0123456789abcdef"[c & 15];
-    return out;
-}
+std::string hex(const std::string& bytes) { return hex_text(bytes); }
 
 std::string random_string(size_t n) {
     std::random_device rd;
@@ -79,6 +75,7 @@ TEST(HmacSha256, Rfc4231Vectors) {
               "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe");
     EXPECT_EQ(hex(hmac_sha256(key25, std::string(50, '\xcd'))),
               "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
+    // RFC 4231's test case 5 gives its output truncated to 128 bits.
     EXPECT_EQ(hex(hmac_sha256(std::string(20, '\x0c'), "Test With Truncation")).substr(0, 32),
               "a3b6167473100ee06e0c796c2955552b");
     EXPECT_EQ(hex(hmac_sha256(aa131, "Test Using Larger Than Block-Size Key - Hash Key First")),
