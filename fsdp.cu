@@ -69,8 +69,7 @@ std::vector<UnitShard> fsdp_shards(const ParamLayout& lay, int world, int rank) 
 // The two unit gradient buffers (comm), each as large as the largest padded unit.
 void fsdp_declare_buffers(Model& m, Arena& A) {
     if (!m.fsdp) m.fsdp = std::make_shared<Fsdp>();
-    int64_t largest = 0;
-    for (const UnitShard& sh : m.states.shards) largest = std::max(largest, sh.padded);
+    const int64_t largest = largest_unit_slot(m);
     for (int k = 0; k < 2; k++)
         m.fsdp->grad_slot[k] = A.take<float>("FSDP unit gradient " + std::to_string(k), MEM_COMM, largest);
 }

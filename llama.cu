@@ -634,11 +634,16 @@ static void declare_model_states(Model& m, Arena& A) {
     m.states.segments = param_segments(m);
 }
 
+int64_t largest_unit_slot(const Model& m) {
+    int64_t largest = 0;
+    for (const UnitShard& sh : m.states.shards) largest = std::max(largest, sh.padded);
+    return largest;
+}
+
 // The bf16 weights of two units (gathered under --fsdp: category comm) and the gradients' views.
 static void declare_weight_slots(Model& m, Arena& A) {
     if (!m.slots) m.slots = std::make_shared<UnitSlots>();
-    int64_t largest = 0;
-    for (const UnitShard& sh : m.states.shards) largest = std::max(largest, sh.padded);
+    const int64_t largest = largest_unit_slot(m);
     const MemCategory category = m.opt.fsdp ? MEM_COMM : MEM_MODEL;
     for (int k = 0; k < 2; k++)
         m.slots->weights[k] = A.take<bf16>((m.opt.fsdp ? "FSDP gathered unit " : "bf16 weights, unit slot ") +
@@ -654,8 +659,7 @@ static void create_weight_slots(Model& m) {
     UnitSlots& w = *m.slots;
     auto event = [](cudaEvent_t* e) { CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming)); };
     event(&w.mark);  // orders the communication stream after compute
-    int64_t largest = 0;
-    for (const UnitShard& sh : m.states.shards) largest = std::max(largest, sh.padded);
+    const int64_t largest = largest_unit_slot(m);
     for (int k = 0; k < 2; k++) {
         event(&w.slot[k].filled), event(&w.slot[k].released);
         // Zero once: the gaps between tensors are never read, but no byte of a slot is left
