@@ -475,7 +475,31 @@ def learning_64k(files):
     return out
 
 
-@readme_row("real text at 64K")
+@readme_row("real text at 64K over seeds")
+def real_text_seeds(files):
+    """One folder per seed: how many seeds, the held-out loss after the 16K training, at 64K the
+    held-out loss at 1K-2K and at 32K-64K (it must fall from the first bucket to the last, and
+    from 1K-2K to 32K-64K, in every seed), the same on the other source (other_at_64k.jsonl),
+    and the 16K model read at 64K (ck16k_at_64k.jsonl) at 32K-64K; medians and ranges."""
+    pre = [last_eval(p)["loss"] for p in files.every("pre16k.jsonl")]
+    out = figures(runs_source(files.every("pre16k.jsonl")), str(len(pre)), *over_seeds(pre, fixed(3)))
+    for name, digits in (("64k_stage0.jsonl", 3), ("other_at_64k.jsonl", 3)):
+        paths = files.every(name)
+        evals = [last_eval(p) for p in paths]
+        for p, e in zip(paths, evals):
+            first, last = e["positions"][0]["loss"], bucket(e, "32K-64K")
+            if not (last < first and last < bucket(e, "1K-2K")):
+                raise FigureError(f"{p}: the held-out loss does not fall from the first bucket to 32K-64K")
+        out += figures(runs_source(paths), *([] if name.startswith("64k") else [str(len(paths))]),
+                       *over_seeds([bucket(e, "1K-2K") for e in evals], fixed(digits)),
+                       *over_seeds([bucket(e, "32K-64K") for e in evals], fixed(digits)))
+    read = files.every("ck16k_at_64k.jsonl")
+    out += figures(runs_source(read), str(len(read)),
+                   *over_seeds([bucket(last_eval(p), "32K-64K") for p in read], fixed(2)))
+    return out
+
+
+@readme_row("real text at 64K under every stage")
 def real_text_64k(files):
     """Per seed (one 64k_stage0.jsonl each): the held-out loss at 1K-2K and 32K-64K at stage 0,
     the most stages 5 and 6 differ from it in any bucket (stages 3 and 4: bit for bit), and the
@@ -537,6 +561,16 @@ def techniques(files):
     return []
 
 
+@readme_row("`make run` over seeds")
+def make_run_seeds(files):
+    """One file per seed: how many, the last loss, the steps. No step time: these runs shared
+    the GPU with others."""
+    paths = files.every("*.jsonl")
+    runs = [steps(p) for p in paths]
+    return figures(runs_source(paths), str(len(runs)), *over_seeds([r[-1]["loss"] for r in runs], fixed(4)),
+                   one_value([len(r) for r in runs], "their steps"))
+
+
 @readme_row("`make run`")
 def make_run(files):
     """Per seed (each .jsonl the row cites is one run): the first and last loss, the steps, the
@@ -584,10 +618,10 @@ def cited_paths(cell):
 
 
 def extractor_for(what):
-    for key, extract in README_ROWS:
-        if what.startswith(key):
-            return extract
-    return None
+    """The extractor whose key starts the "what" cell; the longest such key ("`make run` over
+    seeds" before "`make run`")."""
+    found = [(len(key), extract) for key, extract in README_ROWS if what.startswith(key)]
+    return max(found, key=lambda f: f[0])[1] if found else None
 
 
 def row_label(what):
@@ -645,7 +679,7 @@ def mutated(cell):
 
 def check_make_run_output(table):
     """README's printed `make run` lines against the file its `make run` row cites."""
-    row = next((cells for _, cells in table["rows"] if cells[table["cols"]["what"]].startswith("`make run`")), None)
+    row = next((cells for _, cells in table["rows"] if extractor_for(cells[table["cols"]["what"]]) is make_run), None)
     if row is None:
         return ["README.md's results table has no `make run` row"]
     try:
