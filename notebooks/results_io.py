@@ -385,6 +385,28 @@ def last_eval(name, folder="learning/linux"):
     return recs[0], e, labels, losses
 
 
+def seed_evals(folder="learning/linux_h100"):
+    """results/learning/linux_h100/seedN/: for each seed (in order) {name: every eval record} of
+    the files it holds (pre16k, ck16k_at_64k, 64k_stage0, other_at_64k), each record checked."""
+    out = {}
+    for d in sorted((RESULTS / folder).glob("seed*"), key=lambda d: int(d.name[4:])):
+        runs = {}
+        for path in sorted(d.glob("*.jsonl")):
+            recs = [r for _, r in read_jsonl(path)]
+            evals = [r for r in recs if r.get("type") == "eval"]
+            if recs[0].get("type") != "setup" or not evals:
+                fail(path, "a setup record first, and at least one eval record")
+            for e in evals:
+                number(e, "loss", rel(path))
+                for p in e.get("positions") or fail(path, "an eval record without losses by position"):
+                    number(p, "loss", rel(path))
+            runs[path.stem] = evals
+        out[int(d.name[4:])] = runs
+    if not out:
+        fail(RESULTS / folder, "no seed folders")
+    return out
+
+
 def attention_bench():
     """results/attention/attention_h200.json: its header, and the series drawn, each row checked."""
     path = RESULTS / "attention" / "attention_h200.json"
