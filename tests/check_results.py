@@ -456,7 +456,8 @@ def attention_cudnn(files):
 @readme_row("learning at 64K")
 def learning_64k(files):
     """Per seed (one 64k_stage0.jsonl each): the first and last loss at stage 0, the steps, and
-    the last loss at stages 5 and 6; stages 3 and 4 must give stage 0's losses bit for bit."""
+    the last loss at stages 5 and 6 where a seed ran them (bench/learning.sh runs every stage for
+    its first seed only); stages 3 and 4 must give stage 0's losses bit for bit."""
     base = files.every("64k_stage0.jsonl")
     curves = {p: [r["loss"] for r in steps(p)] for p in base}
     out = figures(runs_source(base),
@@ -464,14 +465,17 @@ def learning_64k(files):
                   *over_seeds([c[-1] for c in curves.values()], fixed(2)),
                   one_value([len(c) for c in curves.values()], "their steps"))
     for stage in (3, 4, 5, 6):
-        others = [os.path.join(os.path.dirname(p), f"64k_stage{stage}.jsonl") for p in base]
-        losses = [[r["loss"] for r in steps(p)] for p in others]
+        beside = {p: os.path.join(os.path.dirname(p), f"64k_stage{stage}.jsonl") for p in base}
+        beside = {p: q for p, q in beside.items() if q in files.all}
+        if not beside:
+            raise FigureError(f"no run under stage {stage} beside {runs_source(base)}")
+        losses = {p: [r["loss"] for r in steps(q)] for p, q in beside.items()}
         if stage in (3, 4):
-            for p, q, c in zip(base, others, losses):
+            for p, c in losses.items():
                 if c != curves[p]:
-                    raise FigureError(f"{q}'s losses are not {p}'s bit for bit")
+                    raise FigureError(f"{beside[p]}'s losses are not {p}'s bit for bit")
         else:
-            out += figures(runs_source(others), *over_seeds([c[-1] for c in losses], fixed(2)))
+            out += figures(runs_source(list(beside.values())), *over_seeds([c[-1] for c in losses.values()], fixed(2)))
     return out
 
 
