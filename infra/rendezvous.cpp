@@ -350,6 +350,14 @@ void say(const RendezvousOptions& o, const std::string& line) {
         fprintf(stderr, "%s\n", line.c_str());
 }
 
+// A descriptor closed when it goes out of scope.
+struct Socket {
+    int fd = -1;
+    ~Socket() {
+        if (fd >= 0) close(fd);
+    }
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -357,6 +365,7 @@ void say(const RendezvousOptions& o, const std::string& line) {
 int rendezvous_listen(const std::string& master_addr, int port, const RendezvousOptions& o) {
     sockaddr_in a = ipv4_address(master_addr, port);
     const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) runtime_error("rendezvous: rank 0 has no socket: " + std::string(strerror(errno)));
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     int bound = bind(fd, (sockaddr*)&a, sizeof a);
@@ -440,7 +449,10 @@ void IdServer::accept_new(int listen_fd) {
         sockaddr_in peer{};
         socklen_t len = sizeof peer;
         const int fd = accept4(listen_fd, (sockaddr*)&peer, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) return;  // none left (EAGAIN), or one that vanished before it was taken
+        if (fd < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED))
+            return;  // none left, or one that vanished before it was taken
+        if (fd < 0)  // out of descriptors or memory: the queue would stay readable and poll() spin
+            runtime_error("rendezvous: rank 0 cannot take a connection: " + std::string(strerror(errno)));
         Connection c;
         c.fd = fd;
         c.peer = address_text(peer);
@@ -551,10 +563,7 @@ void IdServer::give_up() const {
 }  // namespace
 
 void rendezvous_serve(int listen_fd, int world, const uint8_t* id, const RendezvousOptions& o) {
-    struct Closer {
-        int fd;
-        ~Closer() { close(fd); }
-    } closer{listen_fd};
+    const Socket closer{listen_fd};
     const int flags = fcntl(listen_fd, F_GETFL);
     if (flags < 0 || fcntl(listen_fd, F_SETFL, flags | O_NONBLOCK) != 0)
         runtime_error("rendezvous: rank 0's listening socket is not usable: " + std::string(strerror(errno)));
@@ -564,13 +573,6 @@ void rendezvous_serve(int listen_fd, int world, const uint8_t* id, const Rendezv
 // ---------------------------------------------------------------------------------------------
 // The other ranks.
 namespace {
-
-struct Socket {
-    int fd = -1;
-    ~Socket() {
-        if (fd >= 0) close(fd);
-    }
-};
 
 struct Client {
     int rank, world;
@@ -642,23 +644,25 @@ bool receive(int fd, size_t n, Clock::time_point start, double limit_s, std::str
 }
 
 // One exchange with rank 0 over a connected socket: true with the id, false (and why) when it
-// should be tried again; a refusal throws.
-bool exchange(const Client& c, int fd, uint8_t* id, std::string& why_not) {
-    const Clock::time_point start = Clock::now();
+// should be tried again; a refusal throws. Once connected the rank waits for rank 0's answers
+// until its own deadline (start + o.timeout_s), not connection_s: rank 0 may take the
+// connection from its queue late, and a rank that gave up and came back would find its first
+// connection already counted as that rank.
+bool exchange(const Client& c, int fd, Clock::time_point start, uint8_t* id, std::string& why_not) {
     const std::string hello = hello_bytes(c.rank, c.world, c.o.run);
     std::string challenge, answer;
     if (!send_now(fd, hello)) {
         why_not = "rank 0 does not take a hello";
         return false;
     }
-    if (!receive(fd, CHALLENGE_BYTES, start, c.o.connection_s, challenge, why_not)) return false;
+    if (!receive(fd, CHALLENGE_BYTES, start, c.o.timeout_s, challenge, why_not)) return false;
     if (challenge.compare(0, MAGIC.size(), MAGIC) != 0) {
         why_not = "what answers there is not rank 0's rendezvous";
         return false;
     }
     if (challenge[8] != GO_ON) refused(c, (Status)(uint8_t)challenge[8], challenge);
     if (!send_now(fd, rank_proof(c.o.secret, hello, challenge)) ||
-        !receive(fd, ANSWER_BYTES, start, c.o.connection_s, answer, why_not))
+        !receive(fd, ANSWER_BYTES, start, c.o.timeout_s, answer, why_not))
         return false;
     if (answer[0] != GO_ON) refused(c, (Status)(uint8_t)answer[0], challenge);
     const std::string sealed = answer.substr(1, RENDEZVOUS_ID_BYTES);
@@ -681,7 +685,7 @@ void rendezvous_fetch(int rank, int world, const std::string& master_addr, int p
     std::string why_not = "nothing tried";
     while (true) {  // rank 0 may not be listening yet, or busy with strangers: try again until the timeout
         Socket s;
-        if (connect_within(s, a, o.connection_s, why_not) && exchange(c, s.fd, id, why_not)) return;
+        if (connect_within(s, a, o.connection_s, why_not) && exchange(c, s.fd, start, id, why_not)) return;
         if (seconds_since(start) > o.timeout_s)
             runtime_error("rendezvous: rank " + std::to_string(rank) + " got no answer from rank 0 at " + c.where +
                           " within " + seconds_text(o.timeout_s) + ": " + why_not + " (see --comm-timeout-s)");

@@ -14,7 +14,7 @@ struct RendezvousOptions {
     std::string secret;       // the same bytes on every rank of the run (rendezvous_secret)
     std::string run;          // the run's name where the launcher gives one (rendezvous_run_name)
     double timeout_s = 600;   // rank 0: until every rank has joined; a rank: until rank 0 answers
-    double connection_s = 5;  // what one connection may take, connect to answer
+    double connection_s = 5;  // rank 0: what one connection may take, accept to answer; a rank: its connect
     int max_pending = 64;     // connections rank 0 reads at once; more wait in the listen queue
     // Rank 0's account of every connection it refuses or drops; stderr when empty.
     std::function<void(const std::string&)> log;

@@ -322,6 +322,25 @@ TEST(Rendezvous, RanksThatStartBeforeRankZeroWaitForIt) {
     for (int r = 1; r < 4; r++) EXPECT_EQ(ranks[r].id, id) << "rank " << r << ": " << ranks[r].message;
 }
 
+// Rank 0 takes a rank's connection from its queue later than connection_s: the rank waits on
+// that one connection (it does not give up and come back, which would find its first connection
+// counted as that rank and be refused as a duplicate), and rank 0 drops nothing.
+TEST(Rendezvous, ARankWaitsForRankZeroToTakeItsConnection) {
+    Log log;
+    const RendezvousOptions o = test_options(log, 0.2);
+    const int fd = rendezvous_listen("127.0.0.1", 0, o);
+    const int port = port_of(fd);
+    Outcome rank1;
+    std::thread rank([&] { rank1 = join_as(1, 2, port, o); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // five times connection_s
+    const std::string id = random_string(RENDEZVOUS_ID_BYTES);
+    rendezvous_serve(fd, 2, (const uint8_t*)id.data(), o);
+    rank.join();
+    EXPECT_EQ(rank1.code, 0) << rank1.message;
+    EXPECT_EQ(rank1.id, id);
+    EXPECT_EQ(log.text(), "") << "one connection, taken late, and nothing dropped";
+}
+
 // A port scanner's connect-and-close, and a connection that closes halfway through a hello.
 TEST(Rendezvous, StrayConnectionsDoNotCount) {
     Log log;
@@ -395,7 +414,12 @@ TEST(Rendezvous, RandomBytesAndSlowClientsGetNothing) {
     EXPECT_TRUE(log.has(noise.address, "not a rank's hello")) << log.text();
     EXPECT_EQ(slow.heard(2, closed), "");
     EXPECT_TRUE(log.has(slow.address, "of a hello's 80 bytes within 0.5 s")) << log.text();
-    EXPECT_EQ(forged.heard(2, closed).find(rank0.id), std::string::npos);
+    const std::string to_forged = forged.heard(2, closed);
+    EXPECT_EQ(to_forged.find(rank0.id), std::string::npos);
+    EXPECT_EQ(to_forged.size(), 41u) << "a refusal: the challenge's 41 bytes, then the connection closes";
+    EXPECT_EQ(to_forged.substr(0, 8), "TRAINRV1");
+    EXPECT_NE(to_forged.substr(8, 1), std::string(1, '\0')) << "its status is a refusal, not 0 (go on)";
+    EXPECT_TRUE(closed);
     EXPECT_TRUE(log.has(forged.address, "refused")) << log.text();
 }
 
