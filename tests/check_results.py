@@ -221,10 +221,15 @@ def load_json(path):
         return json.load(f)
 
 
+_jsonl_cache = {}
+
+
 def load_jsonl(path, kind=None):
-    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return [r for r in records if kind is None or r.get("type") == kind]
+    """A JSON-lines file's records (of type `kind`), read once however many rows cite it."""
+    if path not in _jsonl_cache:
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            _jsonl_cache[path] = [json.loads(line) for line in f if line.strip()]
+    return [r for r in _jsonl_cache[path] if kind is None or r.get("type") == kind]
 
 
 def ladder(path):
@@ -453,6 +458,16 @@ def attention_cudnn(files):
     return figures(path, *(f"{x:.2f}" for x in (min(fwd), max(fwd), min(bwd), max(bwd))))
 
 
+def stage_runs(files, base, stage):
+    """{stage-0 run: the run under `stage` in its folder} for the seeds that ran it (the scripts
+    run every stage for their first seed only), among the cited files; at least one."""
+    beside = {p: os.path.join(os.path.dirname(p), f"64k_stage{stage}.jsonl") for p in base}
+    beside = {p: q for p, q in beside.items() if q in files.all}
+    if not beside:
+        raise FigureError(f"no run under stage {stage} beside {runs_source(base)}")
+    return beside
+
+
 @readme_row("learning at 64K")
 def learning_64k(files):
     """Per seed (one 64k_stage0.jsonl each): the first and last loss at stage 0, the steps, and
@@ -465,10 +480,7 @@ def learning_64k(files):
                   *over_seeds([c[-1] for c in curves.values()], fixed(2)),
                   one_value([len(c) for c in curves.values()], "their steps"))
     for stage in (3, 4, 5, 6):
-        beside = {p: os.path.join(os.path.dirname(p), f"64k_stage{stage}.jsonl") for p in base}
-        beside = {p: q for p, q in beside.items() if q in files.all}
-        if not beside:
-            raise FigureError(f"no run under stage {stage} beside {runs_source(base)}")
+        beside = stage_runs(files, base, stage)
         losses = {p: [r["loss"] for r in steps(q)] for p, q in beside.items()}
         if stage in (3, 4):
             for p, c in losses.items():
@@ -506,7 +518,8 @@ def real_text_seeds(files):
 @readme_row("real text at 64K under every stage")
 def real_text_64k(files):
     """Per seed (one 64k_stage0.jsonl each): the held-out loss at 1K-2K and 32K-64K at stage 0,
-    the most stages 5 and 6 differ from it in any bucket (stages 3 and 4: bit for bit), and the
+    the most stages 5 and 6 differ from it in any bucket where a seed ran them (stages 3 and 4:
+    bit for bit), and the
     16K checkpoint read at 64K (ck16k_at_64k.jsonl) at 32K-64K."""
     base = files.every("64k_stage0.jsonl")
     evals = {p: last_eval(p) for p in base}
@@ -515,9 +528,8 @@ def real_text_64k(files):
                   *over_seeds([bucket(e, "32K-64K") for e in evals.values()], fixed(3)))
     spread = 0.0
     for stage in (3, 4, 5, 6):
-        for p, e in evals.items():
-            q = os.path.join(os.path.dirname(p), f"64k_stage{stage}.jsonl")
-            other = last_eval(q)
+        for p, q in stage_runs(files, base, stage).items():
+            e, other = evals[p], last_eval(q)
             diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(e["positions"], other["positions"])]
             if stage in (3, 4) and (max(diffs) != 0 or e["loss"] != other["loss"]):
                 raise FigureError(f"{q}'s held-out losses are not {p}'s bit for bit")
@@ -836,15 +848,18 @@ def main():
         table = None
     if table:
         cols = table["cols"]
+        failing = set()
         for n, cells in table["rows"]:
             label, problems, count = check_readme_row(cells, cols)
+            if problems:
+                failing.add(n)
             files = ", ".join(cited_paths(cells[cols["file"]]))
             checked = ("its figures" if count is None else f"{count} figures" if count
                        else "its claim (no number)")
             check(f"README.md:{n} '{label}': {checked} and the GPU from {files}", problems)
         caught, missed = 0, []
         for n, cells in table["rows"]:
-            if check_readme_row(cells, cols)[1]:
+            if n in failing:
                 continue  # already failing above: a change cannot show that it is caught
             other_gpu = re.sub(r"H(100|200)", lambda m: "H200" if m.group(1) == "100" else "H100", cells[cols["gpu"]])
             for what, col, new in (("a number", cols["figure"], mutated(cells[cols["figure"]])),
