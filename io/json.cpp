@@ -332,20 +332,25 @@ std::optional<JsonValue> JsonValue::get(std::string_view key) const {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Values in messages
-std::string json_printable(std::string_view s) {
+// Values in messages, and a JSON string's inside in the logs
+// A JSON string's inside: quotes, backslashes and control characters (DEL too) escaped.
+std::string json_escape(std::string_view s) {
     std::string out;
-    for (size_t k = 0; k < s.size() && k < 80; k++) {
-        const unsigned char c = (unsigned char)s[k];
-        if (c == '"' || c == '\\') out += '\\', out += (char)c;
-        else if (c >= 0x20 && c != 0x7f) out += (char)c;
+    for (const char ch : s) {
+        const unsigned char c = (unsigned char)ch;
+        if (c == '"' || c == '\\') out += '\\', out += ch;
+        else if (c >= 0x20 && c != 0x7f) out += ch;
         else {
             char b[8];
             snprintf(b, sizeof b, "\\u%04x", c);
             out += b;
         }
     }
-    return s.size() > 80 ? out + "..." : out;
+    return out;
+}
+
+std::string json_printable(std::string_view s) {
+    return s.size() > 80 ? json_escape(s.substr(0, 80)) + "..." : json_escape(s);
 }
 
 std::string json_quoted(std::string_view s) { return "\"" + json_printable(s) + "\""; }
@@ -368,18 +373,7 @@ std::string json_shown(const JsonValue& v) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Writing: the two pieces the run's logs are made of.
-// Logs and reports.
-std::string json_escape(const std::string& s) {
-    std::string r;
-    for (char ch : s) {
-        if (ch == '"' || ch == '\\') r += '\\', r += ch;
-        else if ((unsigned char)ch < 0x20) { char b[8]; snprintf(b, sizeof b, "\\u%04x", ch); r += b; }
-        else r += ch;
-    }
-    return r;
-}
-
+// Writing numbers
 // A JSON number, or null where the value is not finite (a diverged loss): JSON has no nan.
 std::string json_number(double v, const char* fmt) {
     if (!std::isfinite(v)) return "null";

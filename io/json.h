@@ -132,7 +132,7 @@ std::string json_shown(const JsonValue& v);
 std::string json_printable(std::string_view s);
 std::string json_quoted(std::string_view s);
 
-// Writing: a JSON string's inside (quotes, backslashes and control characters escaped), and a
+// Writing: a JSON string's inside (quotes, backslashes and control characters, DEL too, escaped), and a
 // number in printf's `fmt`, or null where it is not finite (a diverged loss: JSON has no nan).
-std::string json_escape(const std::string& s);
+std::string json_escape(std::string_view s);
 std::string json_number(double v, const char* fmt);
