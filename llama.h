@@ -324,9 +324,9 @@ double model_step_flops(const LlamaConfig& cfg, const RunShape& shape, double at
 double document_attention_share(const StepDocuments& docs, int64_t seq, int batch);
 // The units (infra/common.h param_layout) in the order the step uses their weights.
 std::vector<int> model_unit_order(const Model& m);
-// This GPU's parameters as pieces of tensors (m.states.segments), from m.states.shards; the
-// elements of a unit slot (the largest padded unit), bf16 weights or (--fsdp) fp32 gradients.
+// This GPU's parameters as pieces of tensors (m.states.segments), from m.states.shards.
 std::vector<ParamSegment> param_segments(const Model& m);
+// The elements of a unit slot (the largest padded unit): bf16 weights or (--fsdp) fp32 gradients.
 int64_t largest_unit_slot(const Model& m);
 
 // The weights in use (llama.cu). Unit u's bf16 weights (m.w, m.w_piece) are readable on the compute

@@ -322,7 +322,7 @@ void ulysses_attention_backward(Model& m, int l, cudaStream_t s) {
                                    .delta = m.delta, .dq_accum = m.dq_accum, .docs = m.docs.attention};
     layer_attention_backward(m, l, ba, ulysses_attention_shape(m), s);
     // Head-sharded dq, dk, dv -> token-sharded d q|k|v [T, QKV] in the send staging (replicated
-    // KV heads summed), where qkv_backward reads it.
+    // KV heads summed), where llama.cu's attention_block_backward reads it (ulysses_token_dqkv).
     layer_all_to_all(m, l, u.receive, u.heads_dqkv, g.T * g.WH, DType::BF16, s);
     unpack_dqkv_kernel<<<blocks(g.T * g.QKV), 256, 0, s>>>(u.send, u.receive, g);
     CUDA_CHECK_LAUNCH();

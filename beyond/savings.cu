@@ -115,7 +115,7 @@ void lm_head_in_pieces(Model& m, bool backward, cudaStream_t s) {
     });
 }
 
-// The units the head acquires: every piece for the loss, then every piece for the backward (a
+// The units the head uses, in order: every piece for the loss, then every piece for the backward (a
 // forward alone: the loss's only).
 void lm_head_pieces_order(const Model& m, std::vector<int>& order) {
     for (int pass = 0; pass < (m.forward_only ? 1 : 2); pass++)
