@@ -369,8 +369,8 @@ def learning_steps(name, folder="learning"):
     return recs[0], [r["step"] for r in out], [r["loss"] for r in out]
 
 
-def last_eval(name, folder="learning/linux"):
-    """results/learning/linux/NAME.jsonl: the last evaluation record, its labels and losses by position."""
+def last_eval(name, folder):
+    """results/FOLDER/NAME.jsonl: the last evaluation record, its labels and losses by position."""
     path = RESULTS / folder / f"{name}.jsonl"
     recs = [r for _, r in read_jsonl(path)]
     evals = [r for r in recs if r.get("type") == "eval"]

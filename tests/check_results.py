@@ -372,12 +372,13 @@ def longest_context(files):
 
 @readme_row("tokens/s per GPU, 8B at 3M / 4M / 5M, stage 6")
 def throughput_stage6(files):
-    """3M from the register split's run, 4M and 5M from the run before it; attention's share of
-    the 3M layer."""
-    out = tokens_per_s(files, ["8b_stage6_3m_registers/llama3.1-8b_3M.throughput.json",
+    """The H100's 3M; the H200's 3M from the register split's run, 4M and 5M from the run before
+    it; attention's share of the H200's 3M layer."""
+    out = tokens_per_s(files, ["8b_h100_stage6/llama3.1-8b_3M.throughput.json",
+                               "8b_stage6_3m_registers/llama3.1-8b_3M.throughput.json",
                                "8b_stage6_3m_4m_5m/llama3.1-8b_4M.throughput.json",
                                "8b_stage6_3m_4m_5m/llama3.1-8b_5M.throughput.json"], 1)
-    at3 = out[0][1]
+    at3 = out[1][1]
     paper = load_json(at3)["against_paper"]
     return out + figures(at3, f"{100 * paper['attention_s'] / paper['layer_s']:.0f}")
 
@@ -392,7 +393,10 @@ def tokens_per_s(files, patterns, digits):
 
 @readme_row("tokens/s per GPU, 8B at 3M / 4M / 5M, stage 7")
 def throughput_stage7(files):
-    return tokens_per_s(files, ["8b_3m_q_registers/llama3.1-8b_3M.throughput.json",
+    """The H100's 3M and 4M, then the H200's 3M, 4M and 5M."""
+    return tokens_per_s(files, ["8b_h100_stage7/llama3.1-8b_3M.throughput.json",
+                                "8b_h100_stage7/llama3.1-8b_4M.throughput.json",
+                                "8b_3m_q_registers/llama3.1-8b_3M.throughput.json",
                                 "8b_3m_4m_5m_stmatrix/llama3.1-8b_4M.throughput.json",
                                 "8b_3m_4m_5m_stmatrix/llama3.1-8b_5M.throughput.json"], 0)
 
@@ -470,12 +474,18 @@ def stage_runs(files, base, stage):
 
 @readme_row("learning at 64K")
 def learning_64k(files):
-    """Per seed (one 64k_stage0.jsonl each): the first and last loss at stage 0, the steps, and
-    the last loss at stages 5 and 6 where a seed ran them (bench/learning.sh runs every stage for
-    its first seed only); stages 3 and 4 must give stage 0's losses bit for bit."""
+    """Per seed (one 64k_stage0.jsonl each): how many seeds end below a guess that knows which
+    tokens the first half holds (ln of half the length), of how many, and that guess; the first
+    and last loss at stage 0, the steps, and the last loss at stages 5 and 6 where a seed ran them
+    (bench/learning.sh runs every stage for its first seed only); stages 3 and 4 must give stage
+    0's losses bit for bit."""
     base = files.every("64k_stage0.jsonl")
     curves = {p: [r["loss"] for r in steps(p)] for p in base}
-    out = figures(runs_source(base),
+    length = int(one_value([load_jsonl(p, "setup")[0]["seq_len"] for p in base], "their length"))
+    guess = math.log(length / 2)
+    out = figures(runs_source(base), str(sum(c[-1] < guess for c in curves.values())), str(len(base)),
+                  fixed(2)(guess))
+    out += figures(runs_source(base),
                   *over_seeds([c[0] for c in curves.values()], fixed(2)),
                   *over_seeds([c[-1] for c in curves.values()], fixed(2)),
                   one_value([len(c) for c in curves.values()], "their steps"))
@@ -861,7 +871,10 @@ def main():
         for n, cells in table["rows"]:
             if n in failing:
                 continue  # already failing above: a change cannot show that it is caught
-            other_gpu = re.sub(r"H(100|200)", lambda m: "H200" if m.group(1) == "100" else "H100", cells[cols["gpu"]])
+            gpu = cells[cols["gpu"]]
+            # One GPU swapped for the other; where the row names both, one dropped.
+            other_gpu = (re.sub(r"H(100|200)\s*,\s*", "", gpu, count=1) if len(gpus_named(gpu)) > 1 else
+                         re.sub(r"H(100|200)", lambda m: "H200" if m.group(1) == "100" else "H100", gpu))
             for what, col, new in (("a number", cols["figure"], mutated(cells[cols["figure"]])),
                                    ("the GPU", cols["gpu"], other_gpu)):
                 if new is None:
