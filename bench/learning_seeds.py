@@ -6,9 +6,15 @@ training its loss at 1K-2K and at 32K-64K on the held-out kernel text and on the
 1K-2K); the 16K model read at 64K, at 32K-64K; then the median and the range over the seeds.
 
     python3 bench/learning_seeds.py DIR     # DIR holds seed1/, seed2/, ... (OUT of learning_text.sh)
+
+For bench/learning.sh's seeds (folders with pre4k.jsonl, the induction task) the table is the
+training losses instead: the last at 4K, the first and last at 16K and at 64K under stage 0, the
+last under the other stages where a seed ran them ("=" where bit for bit stage 0's), and whether
+the seed ends below a guess that knows which tokens the first half holds (ln of half the length).
 """
 import glob
 import json
+import math
 import os
 import statistics
 import sys
@@ -47,8 +53,35 @@ def seed_row(d):
             "falls at 64K": falls(trained), "falls on other": falls(other)}
 
 
+def losses(path):
+    """A --log file's training losses by step, and its sequence length; None if it is missing."""
+    if not os.path.exists(path):
+        return None
+    records = list(map(json.loads, open(path)))
+    return [r["loss"] for r in records if r.get("type") == "step"], records[0]["seq_len"]
+
+
+def induction_table(dirs):
+    print("| seed | 4K, last | 16K, first / last | 64K stage 0, first / last | 64K stages 3 / 4 / 5 / 6, last "
+          "| below a guess at 64K |")
+    print("|---" * 6 + "|")
+    for d in dirs:
+        (pre, _), (mid, _), (base, length) = (losses(os.path.join(d, f"{n}.jsonl"))
+                                              for n in ("pre4k", "pre16k", "64k_stage0"))
+        stages = []
+        for k in (3, 4, 5, 6):
+            run = losses(os.path.join(d, f"64k_stage{k}.jsonl"))
+            stages.append("-" if run is None else "=" if run[0] == base else f"{run[0][-1]:.2f}")
+        guess = math.log(length / 2)
+        print(f"| {os.path.basename(d)[4:]} | {pre[-1]:.4f} | {mid[0]:.2f} / {mid[-1]:.2f} | {base[0]:.2f} / "
+              f"{base[-1]:.2f} | {' / '.join(stages)} | {'yes' if base[-1] < guess else 'no'} ({guess:.2f}) |")
+
+
 def main():
-    rows = [seed_row(d) for d in sorted(glob.glob(os.path.join(sys.argv[1], "seed*")), key=lambda d: int(d[len(os.path.join(sys.argv[1], "seed")):]))]
+    dirs = sorted(glob.glob(os.path.join(sys.argv[1], "seed*")), key=lambda d: int(os.path.basename(d)[4:]))
+    if all(os.path.exists(os.path.join(d, "pre4k.jsonl")) for d in dirs):
+        return induction_table(dirs)
+    rows = [seed_row(d) for d in dirs]
     keys = ["16K", "64K 1K-2K", "64K 32K-64K", "other 1K-2K", "other 32K-64K", "16K model at 64K, 32K-64K"]
     print("| seed | " + " | ".join(keys) + " | falls at 64K | falls on other |")
     print("|---" * (len(keys) + 3) + "|")
