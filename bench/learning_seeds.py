@@ -79,7 +79,7 @@ def induction_table(dirs):
 
 def main():
     dirs = sorted(glob.glob(os.path.join(sys.argv[1], "seed*")), key=lambda d: int(os.path.basename(d)[4:]))
-    if all(os.path.exists(os.path.join(d, "pre4k.jsonl")) for d in dirs):
+    if dirs and all(os.path.exists(os.path.join(d, "pre4k.jsonl")) for d in dirs):
         return induction_table(dirs)
     rows = [seed_row(d) for d in dirs]
     keys = ["16K", "64K 1K-2K", "64K 32K-64K", "other 1K-2K", "other 32K-64K", "16K model at 64K, 32K-64K"]

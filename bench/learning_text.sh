@@ -49,12 +49,6 @@ one_seed() {  # seed, stages at 64K
     tail -n 1 | cut -c1-60) | other: $(grep '^eval' "$d/other_at_64k.log" | tail -n 1 | cut -c1-60)"
 }
 
-first=1
-running=0
-for seed in $SEEDS; do
-  if [ $first = 1 ]; then one_seed "$seed" "$STAGES" & first=0; else one_seed "$seed" 0 & fi
-  running=$((running + 1))
-  if [ $running -ge "$PARALLEL" ]; then wait -n; running=$((running - 1)); fi
-done
-wait
+source "$(dirname "$0")/seeds.sh"
+run_seeds
 python3 bench/learning_seeds.py "$L"

@@ -529,8 +529,7 @@ def real_text_seeds(files):
 def real_text_64k(files):
     """Per seed (one 64k_stage0.jsonl each): the held-out loss at 1K-2K and 32K-64K at stage 0,
     the most stages 5 and 6 differ from it in any bucket where a seed ran them (stages 3 and 4:
-    bit for bit), and the
-    16K checkpoint read at 64K (ck16k_at_64k.jsonl) at 32K-64K."""
+    bit for bit), and the 16K checkpoint read at 64K (ck16k_at_64k.jsonl) at 32K-64K."""
     base = files.every("64k_stage0.jsonl")
     evals = {p: last_eval(p) for p in base}
     src = runs_source(base)
