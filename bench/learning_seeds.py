@@ -66,8 +66,11 @@ def induction_table(dirs):
           "| below a guess at 64K |")
     print("|---" * 6 + "|")
     for d in dirs:
-        (pre, _), (mid, _), (base, length) = (losses(os.path.join(d, f"{n}.jsonl"))
-                                              for n in ("pre4k", "pre16k", "64k_stage0"))
+        runs = [losses(os.path.join(d, f"{n}.jsonl")) for n in ("pre4k", "pre16k", "64k_stage0")]
+        if None in runs:  # a seed whose 16K or 64K run did not happen
+            print(f"| {os.path.basename(d)[4:]} | {runs[0][0][-1]:.4f} | missing: see its logs | | | |")
+            continue
+        (pre, _), (mid, _), (base, length) = runs
         stages = []
         for k in (3, 4, 5, 6):
             run = losses(os.path.join(d, f"64k_stage{k}.jsonl"))
