@@ -116,15 +116,16 @@ def layer_kinds(text):
     return kinds
 
 
-def run_shape(full_kinds):
+def run_shape(full_kinds, run_rebuilt=True):
     """The short run for a full-depth plan: one layer of each kind it has, in the plan's order
     (host, rebuilt, rerun, slot; a device layer is timed by the slot layer, a rerun or device
     layer whose input is rebuilt by its kind plus a rebuild), and what its host budget must hold:
     the block inputs of every layer but the rebuilt, the attention outputs of the host and rebuilt
     layers. (A rebuilt layer is layer 1 or later, and the layers before it are host layers, as in
-    the plan: its input is rebuilt from layer 0's.)"""
+    the plan: its input is rebuilt from layer 0's.) Without run_rebuilt, a rebuilt layer is not run
+    but estimated from the host layer (summarize): one layer less, for a run with a time limit."""
     bases = {k.split("+")[0] for k in full_kinds}  # a "rerun+rebuilt" layer is timed by a rerun layer
-    need = [k for k in ("host", "rebuilt", "rerun") if k in bases]
+    need = [k for k in ("host", "rebuilt", "rerun") if k in bases and (run_rebuilt or k != "rebuilt")]
     # Plain --ckpt (stage 6) reruns every layer, the last too: two rerun layers, each a check on the other.
     shape = need + (["rerun"] if bases == {"rerun"} else ["slot"])
     inputs = sum(k != "rebuilt" for k in shape)
@@ -371,10 +372,12 @@ def main():
     ap.add_argument("--out", help="where NAME.throughput.json goes (default: --dir)")
     ap.add_argument("--run-shape", metavar="PLAN", help="print the short run for a full-depth plan: "
                     "layers, block inputs and attention outputs on the host, the kinds (comma-separated)")
+    ap.add_argument("--no-rebuilt", action="store_true", help="with --run-shape: no rebuilt layer in the run; "
+                    "its kind is estimated from the host layer (bench/throughput.sh's RUN_REBUILT=0)")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
     if a.run_shape:
-        shape, inputs, outputs = run_shape(layer_kinds(open(a.run_shape).read()))
+        shape, inputs, outputs = run_shape(layer_kinds(open(a.run_shape).read()), not a.no_rebuilt)
         print(len(shape), inputs, outputs, ",".join(shape))
         return
     if not a.dir or not a.names:

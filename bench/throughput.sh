@@ -14,6 +14,8 @@
 #      the shape has a rebuilt layer, and --device-keep-gib 0:
 #      8B at 3M and 4M run 2 layers (host, slot), at 5M 3 (host, rebuilt, slot); with
 #      FLAGS='--stage 6' (plain --ckpt, every layer reruns its attention) 2 rerun layers;
+#      RUN_REBUILT=0 leaves the rebuilt layer out, estimated as the host layer plus its MLP forward
+#      and one attention output fetched (8B at 5M in 2 layers, for a GPU lent 10 minutes a call);
 #   3. bench/throughput.py adds them up: the step less its layers is what does not grow with depth
 #      (embedding, head and loss, optimizer); full depth = that + each kind of layer times how
 #      many the plan has. It also takes each layer apart (attention kernels, all-to-alls, MLP,
@@ -31,7 +33,8 @@ for cfg in $CONFIGS; do for seq in $SEQS; do
   name=${cfg}_$seq
   base="--config $cfg --seq-len $seq $NODE_GPUS $FLAGS --mem-cap-gib 80 $TASK"
   ./train $base --plan > "$L/$name.plan.txt" 2>&1
-  read -r layers inputs outputs kinds <<< "$(python3 bench/throughput.py --run-shape "$L/$name.plan.txt")"
+  read -r layers inputs outputs kinds <<< "$(python3 bench/throughput.py --run-shape "$L/$name.plan.txt" \
+    $([ "${RUN_REBUILT:-1}" = 0 ] && echo --no-rebuilt))"
   [ -n "$kinds" ] || { echo "--- $name: no plan to run (see $L/$name.plan.txt)"; continue; }
   if grep -qE '^(host|cap) .*: OOM$' "$L/$name.plan.txt"; then
     echo "--- $name: the full-depth plan does not fit (see $L/$name.plan.txt): no run"; continue

@@ -624,16 +624,18 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
     if (!have_binary()) GTEST_SKIP() << "./train not built";
     if (run_command("python3 --version").code != 0) GTEST_SKIP() << "no python3";
     const std::string flags = "--plan --sim-world 8 --stage 7 --ckpt=selective --config llama3.1-8b --mem-cap-gib 80";
-    auto shape = [&](const std::string& more, const std::string& base = "") {
+    auto shape = [&](const std::string& more, const std::string& base = "", const std::string& shape_flags = "") {
         const std::string path = testing::TempDir() + "throughput.plan.txt";
         Result plan = run_command("./train " + (base.empty() ? flags : base) + " " + more + " > " + path);
         EXPECT_EQ(plan.code, 0) << plan.output;
-        Result r = run_command("python3 bench/throughput.py --run-shape " + path);
+        Result r = run_command("python3 bench/throughput.py --run-shape " + path + shape_flags);
         EXPECT_EQ(r.code, 0) << r.output;
         return r.output;
     };
     // 5M: 15 host, 11 rebuilt, 5 device, the slot: host, rebuilt, slot; 2 block inputs and 2 outputs on the host.
     EXPECT_EQ(shape("--seq-len 5M"), "3 2 2 host,rebuilt,slot\n");
+    // RUN_REBUILT=0: the rebuilt layer left out (estimated from the host layer), one output less.
+    EXPECT_EQ(shape("--seq-len 5M", "", " --no-rebuilt"), "2 2 1 host,slot\n");
     EXPECT_EQ(shape("--seq-len 3M"), "2 2 1 host,slot\n");
     EXPECT_EQ(shape("--seq-len 5M --rebuild-inputs 0 --host-mem-gib 200"), "3 3 1 host,rerun,slot\n");
     // A rerun layer whose input is rebuilt (layer 25 here) is timed as a rerun layer plus the rebuild.
