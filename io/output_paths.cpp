@@ -94,6 +94,9 @@ struct Known {
 };
 
 bool identify_folder(const std::string& path, FileId* id) {
+    // A name the kernel refuses leads nowhere: the run cannot open it (realpath, which walks the
+    // parts itself, would still resolve an over-long name whose file exists).
+    if (!too_long(path).empty()) return false;
     char* real = realpath(path.c_str(), nullptr);  // a new name: its folder is the given one
     const std::string resolved = real ? real : path;
     free(real);

@@ -12,7 +12,8 @@
 //     has a part over NAME_MAX or the whole over PATH_MAX, or a file's name ends in '/';
 //   * the accepted paths, the files among them made where new, are refused together exactly when
 //     two of different flags, one of them writing, open the same inode, or a file lies in a
-//     folder another flag clears (its links resolved);
+//     folder another flag clears (its links resolved); a read path the kernel refuses as too
+//     long names neither;
 //   * every refusal is a usage error naming the flag (both flags, for two paths).
 #include <fcntl.h>
 #include <ftw.h>
@@ -173,7 +174,7 @@ Opened before_files_are_made(const RunPath& p) {
 
 void open_file(const RunPath& p, Opened& o) {
     struct stat st;
-    if (!o.file) return;
+    if (!o.file || too_long(p.path)) return;  // a name no call can open names no file and no folder
     if (lstat(p.path.c_str(), &st) != 0 && errno == ENOENT)
         close(open(p.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644));  // fails where the folder is missing
     const int fd = o.dangled ? -1 : open(p.path.c_str(), O_PATH | O_CLOEXEC);
