@@ -63,6 +63,9 @@ LEAVES = ["attention forward", "attention backward", "all-to-all", "wo and mlp f
 OLD_NAMES = {"mlp forward": "wo and mlp forward", "mlp backward": "wo and mlp backward"}
 
 
+EPS_MS = 1e-3  # a microsecond: far below any mark, far above float rounding of the event times
+
+
 def layer_parts(marks, direction, layer):
     """Seconds of each kind of mark inside one layer's forward or backward, and the other streams' busy time."""
     outer = [e for e in marks if e["stream"] == "compute" and e["what"] == direction and e["layer"] == layer]
@@ -74,7 +77,8 @@ def layer_parts(marks, direction, layer):
         if e is outer[0]:
             continue
         if e["stream"] == "compute":  # this layer's marks inside its forward or backward
-            if e["layer"] != layer or e["start_ms"] < t0 or e["end_ms"] > t1:
+            # Event times are floats: a mark that ends with the layer may read a hair past its end.
+            if e["layer"] != layer or e["start_ms"] < t0 - EPS_MS or e["end_ms"] > t1 + EPS_MS:
                 continue
             secs = (e["end_ms"] - e["start_ms"]) / 1000.0
             key = e["what"]

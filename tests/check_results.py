@@ -393,9 +393,10 @@ def tokens_per_s(files, patterns, digits):
 
 @readme_row("tokens/s per GPU, 8B at 3M / 4M / 5M, stage 7")
 def throughput_stage7(files):
-    """The H100's 3M and 4M, then the H200's 3M, 4M and 5M."""
+    """The H100's 3M, 4M and 5M, then the H200's 3M, 4M and 5M."""
     return tokens_per_s(files, ["8b_h100_stage7/llama3.1-8b_3M.throughput.json",
                                 "8b_h100_stage7/llama3.1-8b_4M.throughput.json",
+                                "8b_h100_stage7/llama3.1-8b_5M.throughput.json",
                                 "8b_3m_q_registers/llama3.1-8b_3M.throughput.json",
                                 "8b_3m_4m_5m_stmatrix/llama3.1-8b_4M.throughput.json",
                                 "8b_3m_4m_5m_stmatrix/llama3.1-8b_5M.throughput.json"], 0)
