@@ -63,7 +63,7 @@ LEAVES = ["attention forward", "attention backward", "all-to-all", "wo and mlp f
 OLD_NAMES = {"mlp forward": "wo and mlp forward", "mlp backward": "wo and mlp backward"}
 
 
-EPS_MS = 1e-3  # a microsecond: far below any mark, far above float rounding of the event times
+EPS_MS = 1e-3  # a microsecond: far below any mark, far above the trace's rounding (ts and dur to the nanosecond)
 
 
 def layer_parts(marks, direction, layer):
@@ -77,7 +77,7 @@ def layer_parts(marks, direction, layer):
         if e is outer[0]:
             continue
         if e["stream"] == "compute":  # this layer's marks inside its forward or backward
-            # Event times are floats: a mark that ends with the layer may read a hair past its end.
+            # A mark that ends with the layer may read a nanosecond past its end (ts + dur, each rounded).
             if e["layer"] != layer or e["start_ms"] < t0 - EPS_MS or e["end_ms"] > t1 + EPS_MS:
                 continue
             secs = (e["end_ms"] - e["start_ms"]) / 1000.0

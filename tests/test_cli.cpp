@@ -665,8 +665,8 @@ TEST(Throughput, RunShapesAndCommittedFigures) {
               {"| **307.7** |", "| **231.5** |", "| **183.1** |", "| 604 / 579 | 1455 MHz, 692 W / 1650 MHz, 692 W |"});
     recompute("8b_3m_q_registers", " llama3.1-8b_3M", {"| **203.1** |", "| 653 / 584 | 1560 MHz, 692 W / 1680 MHz, 691 W |"});
     // The H100's stage 7, its 5M run without the rebuilt layer (RUN_REBUILT=0). Its host layer's
-    // MLP mark ends with the layer, read a hair past the layer's end in float event times: it
-    // still counts as the layer's MLP (0.50 s), and so in the rebuilt layers' estimate.
+    // MLP mark ends with the layer, and reads a nanosecond past it from the trace's rounded ts and
+    // dur: it still counts as the layer's MLP (0.50 s), and so in the rebuilt layers' estimate.
     recompute("8b_h100_stage7", eight, {"| **193.8** |", "| **147.5** |", "| **117.1** |", "rebuilt 174.8*",
                                         "| llama3.1-8b_5M, host (layer 0) | forward | 42.27 | 41.48 (98.1%) | 10.94; 0.009 | 0.50 |"});
     // The GPU's clocks by phase: 3B at 5M, its step ended at 05:46:12 of the device's clock (Unix
